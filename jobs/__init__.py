@@ -1,0 +1,1 @@
+"""NG-GNN models, training, embedding, retrieval and classification over the catalog."""

@@ -1,0 +1,1 @@
+"""Zoo formats, checkpoint -> neural graph conversion, and ingest into the Parquet catalog."""

@@ -1,0 +1,1 @@
+"""Neural graphs: trained networks as graphs of neurons (nodes) and weights (edges)."""

@@ -1,0 +1,161 @@
+"""Plan + state dict -> NeuralGraph, and NeuralGraph -> state dict (the exact inverse).
+
+Both directions are vectorised per operation: one broadcast index computation and one scatter,
+never a Python loop over weights.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from pipeline.errors import GraphValidationError, SpecError
+from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS, NeuralGraph
+from pipeline.neural_graph.plan import Plan
+
+
+def _as_numpy(t) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        t = t.detach().cpu()
+        if t.dtype != torch.float32 and t.is_floating_point():
+            raise SpecError(f"only float32 weights are supported, found {t.dtype}")
+        return t.numpy()
+    return np.asarray(t)
+
+
+def _frame(kernel: tuple[int, int], frame: tuple[int, int]) -> tuple[int, int]:
+    """Top-left offset that centres a kh x kw kernel in the Kh x Kw frame."""
+    return (frame[0] - kernel[0]) // 2, (frame[1] - kernel[1]) // 2
+
+
+def _dense_blocks(op: dict, state: Mapping, src_size: int):
+    """Weight of a linear/conv/embedding op as (Cout, Cin_per_group, kh, kw) and its group count."""
+    w = _as_numpy(state[op["weight_key"]])
+    kh, kw = op["kernel"]
+    if op["kind"] == "embedding":
+        return w.T.reshape(w.shape[1], w.shape[0], 1, 1), 1   # dst = embedding dim, src = token
+    if op["kind"] == "linear":
+        return w.reshape(w.shape[0], src_size, kh, kw), 1
+    return w.reshape(w.shape[0], w.shape[1], kh, kw), op["groups"]
+
+
+def graph_from_plan(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGraph:
+    """Build the neural graph of one checkpoint of the plan's architecture.
+
+    Args:
+        plan: the traced architecture.
+        state: its state dict (parameters and buffers).
+    Shapes:
+        nodes N = sum of neuron-layer sizes; edges E = sum over ops of their edge counts;
+        edge features Kh*Kw with (Kh, Kw) = plan.kernel_shape.
+    """
+    missing = [k for k in plan.state_keys if k not in state]
+    if missing:
+        raise SpecError(f"state dict lacks {len(missing)} entries the architecture needs, e.g. {missing[:3]}")
+    sizes = np.array([layer.size for layer in plan.layers], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    n = int(sizes.sum())
+    node_layer = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+    node_position = (np.arange(n) - offsets[node_layer]).astype(np.int32)
+    node_type = np.full(n, NODE_TYPES.index("hidden"), dtype=np.int8)
+    node_type[node_layer == plan.output_layer] = NODE_TYPES.index("output")
+    for i, layer in enumerate(plan.layers):
+        if layer.kind == "input":
+            node_type[node_layer == i] = NODE_TYPES.index("input")
+    bias = np.zeros(n, dtype=np.float32)
+    extra = np.full((n, 2), np.nan, dtype=np.float32)
+    Kh, Kw = plan.kernel_shape
+    srcs, dsts, rels, opids, weights = [], [], [], [], []
+    for i, op in enumerate(plan.ops):
+        so, do = offsets[op["src_layer"]], offsets[op["dst_layer"]]
+        kh, kw = op["kernel"]
+        top, left = _frame((kh, kw), (Kh, Kw))
+        if op["relation"] in ("norm", "residual"):
+            c = sizes[op["dst_layer"]]
+            idx = np.arange(c)
+            src, dst = so + idx, do + idx
+            vals = np.ones(c, np.float32) if op.get("weight_key") is None else _as_numpy(state[op["weight_key"]])
+            w = np.zeros((c, Kh, Kw), np.float32)
+            w[:, top, left] = vals
+            w = w.reshape(c, Kh * Kw)
+            if op["kind"] == "batch_norm":
+                extra[do:do + c, 0] = _as_numpy(state[op["mean_key"]])
+                extra[do:do + c, 1] = _as_numpy(state[op["var_key"]])
+        else:
+            blocks, groups = _dense_blocks(op, state, int(sizes[op["src_layer"]]))
+            cout, cin_g = blocks.shape[:2]
+            o = np.arange(cout)[:, None]
+            j = np.arange(cin_g)[None, :]
+            src = (so + (o // (cout // groups)) * cin_g + j).reshape(-1)
+            dst = np.broadcast_to(do + o, (cout, cin_g)).reshape(-1)
+            w = np.zeros((cout, cin_g, Kh, Kw), np.float32)
+            w[:, :, top:top + kh, left:left + kw] = blocks
+            w = w.reshape(cout * cin_g, Kh * Kw)
+        if op.get("bias_key"):
+            b = _as_numpy(state[op["bias_key"]])
+            bias[do:do + b.shape[0]] = b
+        srcs.append(src)
+        dsts.append(dst)
+        rels.append(np.full(src.shape[0], RELATIONS.index(op["relation"]), np.int8))
+        opids.append(np.full(src.shape[0], i, np.int32))
+        weights.append(w)
+    buffers = {k: int(_as_numpy(state[k])) for k in plan.buffer_keys}
+    graph = NeuralGraph(
+        node_type=node_type, node_layer=node_layer, node_position=node_position, bias=bias, extra=extra,
+        layer_activation=[layer.activation for layer in plan.layers],
+        src=np.concatenate(srcs).astype(np.int64), dst=np.concatenate(dsts).astype(np.int64),
+        relation=np.concatenate(rels), edge_op=np.concatenate(opids),
+        weight=np.concatenate(weights).astype(np.float32, copy=False),
+        kernel_shape=(Kh, Kw), ops=plan.ops, buffers=buffers)
+    return graph.validate()
+
+
+def state_dict_from_graph(graph: NeuralGraph) -> dict[str, torch.Tensor]:
+    """Invert a neural graph into the state dict it came from (bit-exact for float32 weights).
+
+    Works on any edge order and on node orders permuted within layers (see NeuralGraph.permuted):
+    the tensor index of a neuron is its index within its layer.
+    """
+    offsets = graph.layer_offsets()
+    sizes = graph.layer_sizes()
+    Kh, Kw = graph.kernel_shape
+    order = np.argsort(graph.edge_op, kind="stable")
+    starts = np.searchsorted(graph.edge_op[order], np.arange(len(graph.ops) + 1))
+    out: dict[str, torch.Tensor] = {}
+    for i, op in enumerate(graph.ops):
+        e = order[starts[i]:starts[i + 1]]
+        so, do = offsets[op["src_layer"]], offsets[op["dst_layer"]]
+        kh, kw = op["kernel"]
+        top, left = _frame((kh, kw), (Kh, Kw))
+        w = graph.weight[e].reshape(-1, Kh, Kw)
+        src, dst = graph.src[e] - so, graph.dst[e] - do
+        c = int(sizes[op["dst_layer"]])
+        if op["relation"] in ("norm", "residual"):
+            if op["relation"] == "norm" and op.get("weight_key"):
+                gamma = np.zeros(c, np.float32)
+                gamma[dst] = w[:, top, left]
+                out[op["weight_key"]] = torch.from_numpy(gamma)
+            if op["kind"] == "batch_norm":
+                out[op["mean_key"]] = torch.from_numpy(graph.extra[do:do + c, 0].copy())
+                out[op["var_key"]] = torch.from_numpy(graph.extra[do:do + c, 1].copy())
+                if op.get("nbt_key"):
+                    out[op["nbt_key"]] = torch.tensor(graph.buffers[op["nbt_key"]], dtype=torch.int64)
+        else:
+            cin = int(sizes[op["src_layer"]])
+            groups = op.get("groups", 1)
+            cin_g = cin // groups
+            if e.shape[0] != c * cin_g:
+                raise GraphValidationError(f"op {i} ({op['kind']}) has {e.shape[0]} edges, expected {c * cin_g}")
+            blocks = np.zeros((c, cin_g, kh, kw), np.float32)
+            local = src - (dst // (c // groups)) * cin_g
+            blocks[dst, local] = w[:, top:top + kh, left:left + kw]
+            shape = op["weight_shape"]
+            if op["kind"] == "embedding":
+                weight = blocks.reshape(c, cin).T.copy()
+            else:
+                weight = blocks.reshape(shape)
+            out[op["weight_key"]] = torch.from_numpy(np.ascontiguousarray(weight))
+        if op.get("bias_key"):
+            out[op["bias_key"]] = torch.from_numpy(graph.bias[do:do + c].copy())
+    return out

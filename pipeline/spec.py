@@ -1,0 +1,177 @@
+"""The JSON architecture spec that accompanies a state-dict checkpoint.
+
+A spec is a JSON object::
+
+    {"format": "zoograph.spec/1",
+     "input_shape": [1, 8, 8],            # one sample, no batch dim; [T] with "input_dtype": "int64" for tokens
+     "layers": [
+        {"type": "conv2d", "out_channels": 8, "kernel_size": 3, "padding": 1},
+        {"type": "batchnorm"},
+        {"type": "activation", "fn": "relu"},
+        {"type": "residual", "body": [ ...layers that keep the shape... ]},
+        {"type": "adaptive_avgpool", "output_size": 2},
+        {"type": "flatten"},
+        {"type": "linear", "out_features": 10}
+     ]}
+
+Layer types and their keys (defaults in brackets):
+    linear: out_features, bias [true]
+    conv1d / conv2d: out_channels, kernel_size, stride [1], padding [0], dilation [1], groups [1], bias [true]
+    batchnorm: eps [1e-5], momentum [0.1]        (1d or 2d from the input rank)
+    layernorm: eps [1e-5]                        (over the last dimension)
+    activation: fn in relu, gelu, silu, tanh, sigmoid, leaky_relu, relu6, hardswish, identity
+    maxpool / avgpool: kernel_size, stride [kernel_size]
+    adaptive_avgpool: output_size
+    flatten; dropout: p [0.0]
+    embedding: num_embeddings, embedding_dim     (first layer only, input_dtype "int64")
+    residual: body (a list of layers whose output has the input's shape); computes x + body(x)
+
+Input sizes (in_features, in_channels) are inferred by running a zero tensor through the layers.
+State-dict keys are ``layers.<i>...`` with ``layers.<i>.body.<j>...`` inside residual blocks.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.errors import SpecError
+
+SPEC_FORMAT = "zoograph.spec/1"
+
+_ACTIVATIONS = {
+    "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid,
+    "leaky_relu": nn.LeakyReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish, "identity": nn.Identity,
+}
+
+
+class Residual(nn.Module):
+    """x + body(x)."""
+
+    def __init__(self, body: nn.Sequential):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x):
+        return x + self.body(x)
+
+
+class SpecNet(nn.Module):
+    """A network built from a spec; ``layers`` is an nn.Sequential."""
+
+    def __init__(self, layers: nn.Sequential):
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def _get(layer: dict, key: str, where: str, default: Any = ...) -> Any:
+    if key in layer:
+        return layer[key]
+    if default is ...:
+        raise SpecError(f"{where}: layer of type {layer.get('type')!r} needs {key!r}")
+    return default
+
+
+def _make(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
+    if not isinstance(layer, dict) or "type" not in layer:
+        raise SpecError(f"{where}: each layer is an object with a 'type'")
+    kind = layer["type"]
+    if kind == "linear":
+        return nn.Linear(x.shape[-1], int(_get(layer, "out_features", where)), bias=bool(layer.get("bias", True)))
+    if kind in ("conv1d", "conv2d"):
+        cls = nn.Conv1d if kind == "conv1d" else nn.Conv2d
+        if x.dim() != (3 if kind == "conv1d" else 4):
+            raise SpecError(f"{where}: {kind} needs a {'(C, L)' if kind == 'conv1d' else '(C, H, W)'} input, "
+                            f"got shape {list(x.shape[1:])}")
+        return cls(x.shape[1], int(_get(layer, "out_channels", where)), _get(layer, "kernel_size", where),
+                   stride=layer.get("stride", 1), padding=layer.get("padding", 0),
+                   dilation=layer.get("dilation", 1), groups=int(layer.get("groups", 1)),
+                   bias=bool(layer.get("bias", True)))
+    if kind == "batchnorm":
+        cls = nn.BatchNorm2d if x.dim() == 4 else nn.BatchNorm1d
+        return cls(x.shape[1], eps=layer.get("eps", 1e-5), momentum=layer.get("momentum", 0.1))
+    if kind == "layernorm":
+        return nn.LayerNorm(x.shape[-1], eps=layer.get("eps", 1e-5))
+    if kind == "activation":
+        fn = _get(layer, "fn", where)
+        if fn not in _ACTIVATIONS:
+            raise SpecError(f"{where}: unknown activation {fn!r}; known: {sorted(_ACTIVATIONS)}")
+        return _ACTIVATIONS[fn]()
+    if kind in ("maxpool", "avgpool"):
+        k = _get(layer, "kernel_size", where)
+        dim2 = x.dim() == 4
+        cls = {("maxpool", True): nn.MaxPool2d, ("maxpool", False): nn.MaxPool1d,
+               ("avgpool", True): nn.AvgPool2d, ("avgpool", False): nn.AvgPool1d}[(kind, dim2)]
+        return cls(k, stride=layer.get("stride", k))
+    if kind == "adaptive_avgpool":
+        cls = nn.AdaptiveAvgPool2d if x.dim() == 4 else nn.AdaptiveAvgPool1d
+        return cls(_get(layer, "output_size", where))
+    if kind == "flatten":
+        return nn.Flatten()
+    if kind == "dropout":
+        return nn.Dropout(layer.get("p", 0.0))
+    if kind == "embedding":
+        return nn.Embedding(int(_get(layer, "num_embeddings", where)), int(_get(layer, "embedding_dim", where)))
+    if kind == "residual":
+        body = _build_sequence(_get(layer, "body", where), x, where + ".body")
+        with torch.no_grad():
+            y = body(x)
+        if y.shape != x.shape:
+            raise SpecError(f"{where}: a residual body must keep the shape {list(x.shape[1:])}, "
+                            f"it gives {list(y.shape[1:])}")
+        return Residual(body)
+    raise SpecError(f"{where}: unknown layer type {kind!r}")
+
+
+def _build_sequence(layers: list, x: torch.Tensor, where: str) -> nn.Sequential:
+    if not isinstance(layers, list) or not layers:
+        raise SpecError(f"{where}: 'layers' must be a non-empty list")
+    mods = []
+    for i, layer in enumerate(layers):
+        mod = _make(layer, x, f"{where}[{i}]")
+        with torch.no_grad():
+            try:
+                x = mod.eval()(x)
+            except RuntimeError as exc:
+                raise SpecError(f"{where}[{i}]: layer of type {layer['type']!r} does not fit its input "
+                                f"of shape {list(x.shape[1:])}: {str(exc).splitlines()[0]}") from exc
+        mods.append(mod)
+    return nn.Sequential(*mods)
+
+
+def example_input(spec: dict, batch: int = 2) -> torch.Tensor:
+    """A deterministic example input of the spec's shape (zeros; token ids 0 for int inputs)."""
+    shape = [batch] + [int(s) for s in spec["input_shape"]]
+    if spec.get("input_dtype", "float32").startswith("int"):
+        return torch.zeros(shape, dtype=torch.int64)
+    return torch.zeros(shape)
+
+
+def validate_spec(spec: Any) -> dict:
+    """Check the top-level keys of a spec; returns it."""
+    if not isinstance(spec, dict):
+        raise SpecError("an architecture spec is a JSON object")
+    if spec.get("format", SPEC_FORMAT) != SPEC_FORMAT:
+        raise SpecError(f"unknown spec format {spec.get('format')!r}, expected {SPEC_FORMAT!r}")
+    shape = spec.get("input_shape")
+    if not isinstance(shape, list) or not shape or not all(isinstance(s, int) and s > 0 for s in shape):
+        raise SpecError("'input_shape' must be a list of positive integers (one sample, no batch dimension)")
+    if "layers" not in spec:
+        raise SpecError("a spec needs 'layers'")
+    return spec
+
+
+def build_module(spec: dict) -> SpecNet:
+    """Build the (randomly initialised) network a spec describes."""
+    validate_spec(spec)
+    return SpecNet(_build_sequence(spec["layers"], example_input(spec, 1), "layers")).eval()
+
+
+def spec_hash(spec: dict) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
