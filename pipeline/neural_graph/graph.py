@@ -16,7 +16,7 @@ from pipeline.errors import GraphValidationError
 
 NODE_TYPES = ("input", "hidden", "output")
 RELATIONS = ("linear", "conv", "norm", "residual", "embedding", "attn_q", "attn_k", "attn_v", "attn_o")
-ACTIVATIONS = ("identity", "relu", "gelu", "silu", "tanh", "sigmoid", "leaky_relu", "relu6", "hardswish")
+ACTIVATIONS = ("identity", "relu", "gelu", "silu", "tanh", "sigmoid", "leaky_relu", "relu6", "hardswish", "sin")
 
 
 @dataclass

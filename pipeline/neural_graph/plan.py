@@ -27,7 +27,7 @@ _getitem = operator.getitem
 _ACTIVATION_OPS = {
     aten.relu.default: "relu", aten.gelu.default: "gelu", aten.silu.default: "silu",
     aten.tanh.default: "tanh", aten.sigmoid.default: "sigmoid", aten.leaky_relu.default: "leaky_relu",
-    aten.hardswish.default: "hardswish",
+    aten.hardswish.default: "hardswish", aten.sin.default: "sin",
 }
 _PASSTHROUGH_OPS = {aten.clone.default, aten.alias.default, aten.detach.default, aten.dropout.default,
                     aten.contiguous.default, aten.lift_fresh_copy.default}

@@ -1,0 +1,1 @@
+"""The Parquet catalog, DuckDB views and streaming, and the Cypher metadata stores."""

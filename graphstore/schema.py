@@ -1,0 +1,157 @@
+"""One explicit pyarrow schema per catalog relation, used by every writer, reader and test.
+
+``models`` has fixed columns plus one typed column per metadata field of the zoo (numbers as
+float64, booleans as bool, everything else as string); ``metadata_json`` keeps them all verbatim.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyarrow as pa
+
+MODEL_CORE = pa.schema([
+    ("model_id", pa.string()),
+    ("zoo", pa.string()),
+    ("source_path", pa.string()),
+    ("checkpoint", pa.string()),
+    ("architecture_id", pa.string()),
+    ("num_params", pa.int64()),
+    ("num_nodes", pa.int64()),
+    ("num_edges", pa.int64()),
+    ("kernel_h", pa.int32()),
+    ("kernel_w", pa.int32()),
+    ("buffers_json", pa.string()),
+    ("metadata_json", pa.string()),
+    ("ingested_at", pa.timestamp("us", tz="UTC")),
+])
+
+ARCHITECTURES = pa.schema([
+    ("architecture_id", pa.string()),
+    ("num_layers", pa.int32()),          # neuron layers
+    ("num_ops", pa.int32()),
+    ("num_nodes", pa.int64()),
+    ("num_edges", pa.int64()),
+    ("num_params", pa.int64()),
+    ("kernel_h", pa.int32()),
+    ("kernel_w", pa.int32()),
+    ("input_shape", pa.list_(pa.int64())),
+    ("summary", pa.string()),            # e.g. "conv(1->8,3x3) norm relu | ... "
+    ("plan_json", pa.string()),
+    ("spec_json", pa.string()),
+])
+
+LAYERS = pa.schema([
+    ("model_id", pa.string()),
+    ("layer", pa.int32()),               # operation index; edges.layer points here
+    ("kind", pa.string()),               # linear | conv | batch_norm | layer_norm | residual | embedding
+    ("relation", pa.string()),
+    ("src_layer", pa.int32()),           # neuron layers (nodes.layer)
+    ("dst_layer", pa.int32()),
+    ("in_size", pa.int64()),
+    ("out_size", pa.int64()),
+    ("weight_shape", pa.list_(pa.int64())),
+    ("kernel_h", pa.int32()),
+    ("kernel_w", pa.int32()),
+    ("groups", pa.int32()),
+    ("activation", pa.string()),         # activation applied to the destination neurons
+    ("path", pa.string()),
+    ("weight_key", pa.string()),
+])
+
+NODES = pa.schema([
+    ("model_id", pa.string()),
+    ("node", pa.int64()),
+    ("node_type", pa.dictionary(pa.int8(), pa.string())),
+    ("layer", pa.int32()),
+    ("position", pa.int32()),
+    ("bias", pa.float32()),
+    ("activation", pa.dictionary(pa.int8(), pa.string())),
+    ("running_mean", pa.float32()),
+    ("running_var", pa.float32()),
+])
+
+EDGES = pa.schema([
+    ("model_id", pa.string()),
+    ("src", pa.int64()),
+    ("dst", pa.int64()),
+    ("relation", pa.dictionary(pa.int8(), pa.string())),
+    ("layer", pa.int32()),
+    ("weight", pa.list_(pa.float32())),  # kernel centred in the model's (kernel_h, kernel_w) frame
+])
+
+INGEST_ERRORS = pa.schema([
+    ("source_path", pa.string()),
+    ("zoo", pa.string()),
+    ("error_type", pa.string()),
+    ("message", pa.string()),
+    ("failed_at", pa.timestamp("us", tz="UTC")),
+])
+
+RUNS = pa.schema([
+    ("run_id", pa.string()),
+    ("task", pa.string()),               # regression | classification
+    ("target", pa.string()),
+    ("where_sql", pa.string()),
+    ("config_json", pa.string()),
+    ("metrics_json", pa.string()),
+    ("model_path", pa.string()),
+    ("created_at", pa.timestamp("us", tz="UTC")),
+])
+
+PREDICTIONS = pa.schema([
+    ("run_id", pa.string()),
+    ("model_id", pa.string()),
+    ("split", pa.string()),
+    ("target", pa.string()),
+    ("predicted", pa.float64()),
+    ("predicted_label", pa.string()),
+    ("method", pa.string()),             # ngnn | statnn | flat_mlp
+])
+
+EMBEDDINGS = pa.schema([
+    ("run_id", pa.string()),
+    ("model_id", pa.string()),
+    ("vector", pa.list_(pa.float32())),
+])
+
+INGEST_RELATIONS = ("models", "architectures", "layers", "nodes", "edges", "ingest_errors")
+RESULT_RELATIONS = ("runs", "predictions", "embeddings")
+FIXED_SCHEMAS = {"architectures": ARCHITECTURES, "layers": LAYERS, "nodes": NODES, "edges": EDGES,
+                 "ingest_errors": INGEST_ERRORS, "runs": RUNS, "predictions": PREDICTIONS,
+                 "embeddings": EMBEDDINGS, "models": MODEL_CORE}
+
+
+def metadata_type(values: list[Any]) -> pa.DataType:
+    """Column type of one metadata field: float64 for numbers, bool, else string."""
+    present = [v for v in values if v is not None and v != ""]
+    if present and all(isinstance(v, bool) for v in present):
+        return pa.bool_()
+    if present and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+        return pa.float64()
+    return pa.string()
+
+
+def metadata_column_name(key: str) -> str:
+    clean = "".join(c if c.isalnum() or c == "_" else "_" for c in key.strip()).lower() or "field"
+    return "meta_" + clean if clean in MODEL_CORE.names else clean
+
+
+def models_schema(rows: list[dict[str, Any]]) -> pa.Schema:
+    """MODEL_CORE plus the typed metadata columns of these rows."""
+    keys = sorted({k for r in rows for k in r.get("metadata", {})})
+    fields = list(MODEL_CORE)
+    for key in keys:
+        fields.append(pa.field(metadata_column_name(key), metadata_type([r["metadata"].get(key) for r in rows])))
+    return pa.schema(fields)
+
+
+def coerce_metadata(value: Any, typ: pa.DataType) -> Any:
+    if value is None or value == "":
+        return None
+    if pa.types.is_floating(typ):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    if pa.types.is_boolean(typ):
+        return bool(value)
+    return value if isinstance(value, str) else str(value)

@@ -1,0 +1,378 @@
+"""``pipeline ingest ZOO_DIR``: convert every checkpoint of a zoo once and append it to the catalog.
+
+Rules kept here:
+- ``model_id`` is a content hash of architecture and weights, so re-ingesting a zoo or a copied
+  checkpoint adds nothing;
+- models are committed in parts (one atomic rename each): a crash leaves no partial model, and a
+  re-run finishes the job;
+- a checkpoint that cannot be read or converted is recorded in ``ingest_errors`` with its reason
+  and the rest of the zoo goes on;
+- memory is bounded by the part size, not by the zoo size.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import torch
+from tqdm import tqdm
+
+from graphstore import duck
+from graphstore.catalog import Catalog, now_utc
+from graphstore.schema import (ARCHITECTURES, EDGES, INGEST_ERRORS, LAYERS, NODES, coerce_metadata,
+                               metadata_column_name, models_schema)
+from pipeline import checkpoints
+from pipeline.errors import ZooGraphError
+from pipeline.neural_graph.convert import PlanCache, convert_checkpoint
+from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS, NeuralGraph
+from pipeline.neural_graph.plan import Plan
+
+
+@dataclass
+class ModelRecord:
+    model_id: str
+    source_path: str
+    checkpoint: str
+    plan: Plan
+    spec: dict | None
+    graph: NeuralGraph
+    num_params: int
+    metadata: dict[str, Any]
+
+
+@dataclass
+class ErrorRecord:
+    source_path: str
+    error_type: str
+    message: str
+
+
+@dataclass
+class IngestReport:
+    zoo: str
+    catalog: Path
+    seen: int = 0
+    added: int = 0
+    duplicates: int = 0
+    errors: list[ErrorRecord] = field(default_factory=list)
+    parts: int = 0
+    seconds: float = 0.0
+    store_warning: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def summary(self) -> str:
+        rate = self.seen / self.seconds if self.seconds else 0.0
+        lines = [f"ingested zoo {self.zoo!r} into {self.catalog}: {self.added} new models, "
+                 f"{self.duplicates} already in the catalog, {len(self.errors)} failed "
+                 f"({self.seen} checkpoints, {rate:.1f} models/s)"]
+        for err in self.errors[:20]:
+            lines.append(f"  FAILED {err.source_path}: {err.error_type}: {err.message}")
+        if len(self.errors) > 20:
+            lines.append(f"  ... and {len(self.errors) - 20} more (see the ingest_errors relation)")
+        if self.store_warning:
+            lines.append(f"  graph store not updated: {self.store_warning} (run `graphstore sync` later)")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- zoo metadata
+def _parse_cell(text: str) -> Any:
+    if text == "":
+        return None
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def read_zoo_metadata(zoo_dir: Path) -> dict[str, dict[str, Any]]:
+    """metrics.csv rows by checkpoint file name (``hparams`` JSON expanded into fields)."""
+    path = zoo_dir / "metrics.csv"
+    if not path.exists():
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    with open(path, newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if not header:
+            return {}
+        for row in reader:
+            if not row:
+                continue
+            values = {h: _parse_cell(v) for h, v in zip(header[1:], row[1:])}
+            hp = values.pop("hparams", None)
+            if isinstance(hp, str):
+                try:
+                    parsed = json.loads(hp)
+                    if isinstance(parsed, dict):
+                        values = {**parsed, **{k: v for k, v in values.items() if v is not None}}
+                except json.JSONDecodeError:
+                    values["hparams"] = hp
+            out[Path(row[0]).name] = values
+    return out
+
+
+def list_checkpoints(zoo_dir: Path) -> list[Path]:
+    files = [p for p in zoo_dir.rglob("*") if p.is_file() and p.suffix in checkpoints.CHECKPOINT_SUFFIXES
+             and not p.name.startswith(".")]
+    return sorted(files)
+
+
+def shard_of(path: Path, shards: int) -> int:
+    return int(hashlib.sha1(path.name.encode()).hexdigest(), 16) % shards
+
+
+# --------------------------------------------------------------------------- conversion
+def content_id(plan: Plan, state: dict[str, torch.Tensor]) -> str:
+    """sha256 over the architecture signature and every state entry (name, dtype, shape, bytes)."""
+    h = hashlib.sha256(plan.signature.encode())
+    for key in sorted(state):
+        t = state[key].detach().cpu().contiguous()
+        h.update(f"{key}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+_CACHE: PlanCache | None = None
+
+
+def convert_one(path: str, zoo_dir: str, meta_row: dict[str, Any] | None) -> ModelRecord | ErrorRecord:
+    """Convert one checkpoint; never raises for a bad checkpoint (returns an ErrorRecord)."""
+    global _CACHE
+    if _CACHE is None:
+        _CACHE = PlanCache()
+    p = Path(path)
+    rel = os.path.relpath(p, zoo_dir)
+    try:
+        side = checkpoints.read_sidecar(p)
+        conv = convert_checkpoint(p, side.get("architecture"), _CACHE)
+        metadata = {**side.get("metadata", {}), **side.get("metrics", {}), **(meta_row or {})}
+        metadata = {k: v for k, v in metadata.items() if not isinstance(v, (dict, list))}
+        params = sum(int(conv.state[k].numel()) for op in conv.plan.ops
+                     for k in (op.get("weight_key"), op.get("bias_key")) if k)
+        return ModelRecord(content_id(conv.plan, conv.state), rel, p.name, conv.plan, conv.spec, conv.graph,
+                           params, metadata)
+    except ZooGraphError as exc:
+        return ErrorRecord(rel, type(exc).__name__, str(exc))
+    except Exception as exc:  # a checkpoint must never stop the zoo: record and go on
+        return ErrorRecord(rel, type(exc).__name__, (str(exc).splitlines() or [""])[0][:500])
+
+
+def _convert_star(args):
+    torch.set_num_threads(1)
+    return convert_one(*args)
+
+
+# --------------------------------------------------------------------------- tables
+def _repeat_strings(values: list[str], counts: list[int]) -> pa.Array:
+    idx = np.repeat(np.arange(len(values), dtype=np.int32), counts)
+    return pa.DictionaryArray.from_arrays(pa.array(idx), pa.array(values, pa.string())).cast(pa.string())
+
+
+def _dict_codes(codes: np.ndarray, names: Iterable[str]) -> pa.Array:
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int8)), pa.array(list(names), pa.string()))
+
+
+def summarize_plan(plan: Plan) -> str:
+    parts = []
+    for op in plan.ops:
+        src, dst = plan.layers[op["src_layer"]], plan.layers[op["dst_layer"]]
+        act = "" if dst.activation == "identity" else f" {dst.activation}"
+        if op["kind"] in ("conv", "linear"):
+            k = f" {op['kernel'][0]}x{op['kernel'][1]}" if op["relation"] == "conv" else ""
+            g = f" g{op['groups']}" if op.get("groups", 1) > 1 else ""
+            parts.append(f"{op['kind']}({src.size}->{dst.size}{k}{g}){act}")
+        elif op["kind"] == "residual":
+            parts.append(f"residual({op['src_layer']}->{op['dst_layer']}){act}")
+        else:
+            parts.append(f"{op['kind']}({dst.size}){act}")
+    return " | ".join(parts)
+
+
+def tables_for(records: list[ModelRecord], zoo: str) -> dict[str, pa.Table]:
+    """The Arrow tables of one part: models, architectures, layers, nodes, edges."""
+    ids = [r.model_id for r in records]
+    at = now_utc()
+    schema = models_schema(records and [{"metadata": r.metadata} for r in records] or [])
+    cols: dict[str, list] = {name: [] for name in schema.names}
+    for r in records:
+        g = r.graph
+        core = {"model_id": r.model_id, "zoo": zoo, "source_path": r.source_path, "checkpoint": r.checkpoint,
+                "architecture_id": r.plan.signature, "num_params": r.num_params, "num_nodes": g.num_nodes,
+                "num_edges": g.num_edges, "kernel_h": g.kernel_shape[0], "kernel_w": g.kernel_shape[1],
+                "buffers_json": json.dumps(g.buffers), "metadata_json": json.dumps(r.metadata, sort_keys=True,
+                                                                                  default=str),
+                "ingested_at": at}
+        meta = {metadata_column_name(k): v for k, v in r.metadata.items()}
+        for f in schema:
+            cols[f.name].append(core[f.name] if f.name in core else coerce_metadata(meta.get(f.name), f.type))
+    models = pa.table(cols, schema=schema)
+
+    archs: dict[str, ModelRecord] = {}
+    for r in records:
+        archs.setdefault(r.plan.signature, r)
+    architectures = pa.table({
+        "architecture_id": list(archs), "num_layers": [len(r.plan.layers) for r in archs.values()],
+        "num_ops": [len(r.plan.ops) for r in archs.values()],
+        "num_nodes": [r.graph.num_nodes for r in archs.values()],
+        "num_edges": [r.graph.num_edges for r in archs.values()],
+        "num_params": [r.num_params for r in archs.values()],
+        "kernel_h": [r.plan.kernel_shape[0] for r in archs.values()],
+        "kernel_w": [r.plan.kernel_shape[1] for r in archs.values()],
+        "input_shape": [r.plan.input_shape for r in archs.values()],
+        "summary": [summarize_plan(r.plan) for r in archs.values()],
+        "plan_json": [r.plan.to_json() for r in archs.values()],
+        "spec_json": [json.dumps(r.spec) if r.spec else None for r in archs.values()],
+    }, schema=ARCHITECTURES)
+
+    lrows: dict[str, list] = {name: [] for name in LAYERS.names}
+    for r in records:
+        sizes = [layer.size for layer in r.plan.layers]
+        for i, op in enumerate(r.plan.ops):
+            for k, v in (("model_id", r.model_id), ("layer", i), ("kind", op["kind"]), ("relation", op["relation"]),
+                         ("src_layer", op["src_layer"]), ("dst_layer", op["dst_layer"]),
+                         ("in_size", sizes[op["src_layer"]]), ("out_size", sizes[op["dst_layer"]]),
+                         ("weight_shape", op.get("weight_shape")), ("kernel_h", op["kernel"][0]),
+                         ("kernel_w", op["kernel"][1]), ("groups", op.get("groups", 1)),
+                         ("activation", r.plan.layers[op["dst_layer"]].activation), ("path", op.get("path")),
+                         ("weight_key", op.get("weight_key"))):
+                lrows[k].append(v)
+    layers = pa.table(lrows, schema=LAYERS)
+
+    graphs = [r.graph for r in records]
+    n_counts = [g.num_nodes for g in graphs]
+    e_counts = [g.num_edges for g in graphs]
+    from pipeline.neural_graph.graph import ACTIVATIONS
+
+    act_codes = np.concatenate([g.node_activation_codes() for g in graphs]) if graphs else np.zeros(0, np.int64)
+    extra = np.concatenate([g.extra for g in graphs]) if graphs else np.zeros((0, 2), np.float32)
+    nodes = pa.table({
+        "model_id": _repeat_strings(ids, n_counts),
+        "node": pa.array(np.concatenate([np.arange(n, dtype=np.int64) for n in n_counts]) if graphs else []),
+        "node_type": _dict_codes(np.concatenate([g.node_type for g in graphs]) if graphs else np.zeros(0), NODE_TYPES),
+        "layer": pa.array(np.concatenate([g.node_layer for g in graphs]).astype(np.int32) if graphs else []),
+        "position": pa.array(np.concatenate([g.node_position for g in graphs]).astype(np.int32) if graphs else []),
+        "bias": pa.array(np.concatenate([g.bias for g in graphs]) if graphs else [], pa.float32()),
+        "activation": _dict_codes(act_codes, ACTIVATIONS),
+        "running_mean": pa.array(extra[:, 0], pa.float32(), from_pandas=True),
+        "running_var": pa.array(extra[:, 1], pa.float32(), from_pandas=True),
+    }, schema=NODES)
+
+    if graphs:
+        lengths = np.concatenate([np.full(g.num_edges, g.weight.shape[1], np.int64) for g in graphs])
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        values = pa.array(np.concatenate([g.weight.reshape(-1) for g in graphs]), pa.float32())
+        weight = pa.ListArray.from_arrays(pa.array(offsets), values)
+        edges = pa.table({
+            "model_id": _repeat_strings(ids, e_counts),
+            "src": pa.array(np.concatenate([g.src for g in graphs])),
+            "dst": pa.array(np.concatenate([g.dst for g in graphs])),
+            "relation": _dict_codes(np.concatenate([g.relation for g in graphs]), RELATIONS),
+            "layer": pa.array(np.concatenate([g.edge_op for g in graphs]).astype(np.int32)),
+            "weight": weight,
+        }, schema=EDGES)
+    else:
+        edges = EDGES.empty_table()
+    return {"models": models, "architectures": architectures, "layers": layers, "nodes": nodes, "edges": edges}
+
+
+def error_table(errors: list[ErrorRecord], zoo: str) -> pa.Table:
+    at = now_utc()
+    return pa.table({"source_path": [e.source_path for e in errors], "zoo": [zoo] * len(errors),
+                     "error_type": [e.error_type for e in errors], "message": [e.message for e in errors],
+                     "failed_at": [at] * len(errors)}, schema=INGEST_ERRORS)
+
+
+# --------------------------------------------------------------------------- the job
+def _results(jobs: list[tuple], workers: int) -> Iterator[ModelRecord | ErrorRecord]:
+    if workers <= 1:
+        yield from (convert_one(*j) for j in jobs)
+        return
+    with ProcessPoolExecutor(workers) as pool:
+        yield from pool.map(_convert_star, jobs, chunksize=8)
+
+
+def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *, workers: int = 1,
+               zoo_name: str | None = None, store=None, shard: tuple[int, int] = (0, 1),
+               part_edges: int = 2_000_000, part_models: int = 512, progress: bool = True) -> IngestReport:
+    """Ingest every checkpoint under ``zoo_dir`` into ``catalog``; see the module docstring.
+
+    Args:
+        store: an optional graph store (graphstore.metadata); architecture metadata is written to
+            it after every committed part. A store failure is reported, never fatal.
+        shard: (i, n) ingests only the checkpoints whose file name hashes to shard i of n.
+    """
+    zoo_dir = Path(zoo_dir)
+    if not zoo_dir.is_dir():
+        raise ZooGraphError(f"zoo folder {zoo_dir} does not exist")
+    catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    catalog.clean_incomplete()
+    zoo = zoo_name or zoo_dir.resolve().name
+    started = time.perf_counter()
+    report = IngestReport(zoo, catalog.root)
+    con = duck.connect(catalog, ["models"])
+    known = duck.model_ids(con)
+    con.close()
+    meta = read_zoo_metadata(zoo_dir)
+    files = [p for p in list_checkpoints(zoo_dir) if shard_of(p, shard[1]) == shard[0]]
+    jobs = [(str(p), str(zoo_dir), meta.get(p.name)) for p in files]
+    pending: list[ModelRecord] = []
+    pending_errors: list[ErrorRecord] = []
+    pending_edges = 0
+
+    def flush() -> None:
+        nonlocal pending, pending_errors, pending_edges
+        if not pending and not pending_errors:
+            return
+        tables = tables_for(pending, zoo) if pending else {}
+        if pending_errors:
+            tables["ingest_errors"] = error_table(pending_errors, zoo)
+        catalog.commit_part(tables, catalog.new_part_id(f"{shard[0]}of{shard[1]}"))
+        report.parts += 1
+        if store is not None and pending and report.store_warning is None:
+            try:
+                store.write_models(tables["models"].to_pylist(), tables["architectures"].to_pylist(),
+                                   tables["layers"].to_pylist())
+            except Exception as exc:  # the graph is rebuildable from Parquet: warn and go on
+                report.store_warning = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        pending, pending_errors, pending_edges = [], [], 0
+
+    bar = tqdm(total=len(jobs), desc=f"ingest {zoo}", unit="model", disable=not progress)
+    for result in _results(jobs, workers):
+        report.seen += 1
+        bar.update(1)
+        if isinstance(result, ErrorRecord):
+            report.errors.append(result)
+            pending_errors.append(result)
+            continue
+        if result.model_id in known:
+            report.duplicates += 1
+            continue
+        known.add(result.model_id)
+        pending.append(result)
+        report.added += 1
+        pending_edges += result.graph.num_edges
+        if pending_edges >= part_edges or len(pending) >= part_models:
+            flush()
+    flush()
+    bar.close()
+    report.seconds = time.perf_counter() - started
+    return report

@@ -1,0 +1,1 @@
+"""Model zoos: the on-disk format and the generators of real zoos."""
