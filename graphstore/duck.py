@@ -47,19 +47,22 @@ def connect(catalog: Catalog | str, relations: Sequence[str] | None = None) -> d
 
 
 def stream(con: duckdb.DuckDBPyConnection, query: str, params: Sequence | dict | None = None,
-           batch_size: int = 65_536) -> Iterator[pa.RecordBatch]:
-    """Stream a query's result as Arrow record batches on a cursor of ``con``.
+           batch_size: int = 65_536, private_cursor: bool = True) -> Iterator[pa.RecordBatch]:
+    """Stream a query's result as Arrow record batches.
 
-    The cursor is private, so a reader left half-read does not block other queries on ``con``.
+    By default on a private cursor of ``con``, so a reader left half-read does not block other
+    queries on ``con``; ``private_cursor=False`` streams on ``con`` itself (a cursor that holds
+    registered tables the query needs).
     """
-    cur = con.cursor()
+    cur = con.cursor() if private_cursor else con
     try:
         reader = cur.sql(query, params=params).to_arrow_reader(batch_size=batch_size) if params is not None \
             else cur.sql(query).to_arrow_reader(batch_size=batch_size)
         for batch in reader:
             yield batch
     finally:
-        cur.close()
+        if private_cursor:
+            cur.close()
 
 
 def model_ids(con: duckdb.DuckDBPyConnection) -> set[str]:

@@ -1,0 +1,77 @@
+"""``graphstore``: the Cypher side of the catalog (Neo4j or the embedded Ladybug store)."""
+from __future__ import annotations
+
+import click
+
+from pipeline.cli_common import (FORMATS, catalog_option, echo_err, format_rows, open_store_from_options,
+                                 parse_params, store_options, translate_errors)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """Architecture metadata as a property graph, queried with Cypher.
+
+    \b
+    Neo4j when NEO4J_URI (or --neo4j-uri) is set, else the embedded Ladybug store in
+    CATALOG/graph.lbug. The graph can always be rebuilt from Parquet: `graphstore sync`.
+    Schema: (:Zoo)-[:CONTAINS]->(:Model)-[:HAS_ARCHITECTURE]->(:Architecture)
+            -[:HAS_LAYER {position}]->(:Layer), (:Layer)-[:FEEDS]->(:Layer),
+            (:Model)-[:TRAINED_ON]->(:Dataset), (:Model)-[:SIMILAR_TO {score, run_id}]->(:Model)
+    """
+
+
+@main.command()
+@catalog_option
+@store_options
+@click.option("--keep", is_flag=True, help="Merge into the existing graph instead of clearing it first.")
+@translate_errors
+def sync(catalog, neo4j_uri, neo4j_user, neo4j_password, keep):
+    """Rebuild the graph store from the Parquet catalog (the source of truth)."""
+    from graphstore.sync import sync_store
+    from pipeline.config import catalog_dir
+
+    with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) as store:
+        click.echo(str(sync_store(catalog_dir(catalog), store, clear=not keep)))
+
+
+@main.command()
+@click.argument("query", required=False)
+@click.option("--named", default=None, help="Run one of the named example queries (see `graphstore queries`).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="Query parameter $KEY (JSON values are parsed: numbers, true, lists). Repeatable.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@catalog_option
+@store_options
+@translate_errors
+def cypher(query, named, params, fmt, catalog, neo4j_uri, neo4j_user, neo4j_password):
+    """Run a Cypher QUERY with parameters and print the result.
+
+    Example: graphstore cypher "MATCH (m:Model) WHERE m.test_accuracy > $t RETURN count(m)" --param t=0.9
+    """
+    from graphstore.metadata.queries import SUITE
+
+    if named:
+        if named not in SUITE:
+            raise click.BadParameter(f"unknown query {named!r}; known: {', '.join(sorted(SUITE))}",
+                                     param_hint="--named")
+        query = SUITE[named]
+    if not query:
+        raise click.UsageError("give a QUERY or --named NAME")
+    with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) as store:
+        result = store.run(query, parse_params(params))
+    for notice in result.notices:
+        echo_err(f"notice: {notice}")
+    click.echo(format_rows(result.columns, result.rows, fmt))
+
+
+@main.command()
+def queries():
+    """List the named example queries (the README's Cypher suite)."""
+    from graphstore.metadata.queries import SUITE
+
+    for name, q in SUITE.items():
+        click.echo(f"{name}:\n  {q}\n")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

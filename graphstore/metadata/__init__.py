@@ -1,0 +1,27 @@
+"""Cypher metadata stores: Neo4j when configured, else the embedded Ladybug database."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from graphstore.metadata.base import MetadataStore, QueryResult
+from pipeline.config import Neo4jSettings, neo4j_settings
+
+EMBEDDED_NAME = "graph.lbug"
+
+
+def open_store(catalog_dir: str | Path, settings: Neo4jSettings | None = None, *,
+               use_env: bool = True) -> MetadataStore:
+    """Neo4j when ``settings`` (or NEO4J_URI, with ``use_env``) is given, else Ladybug in
+    ``CATALOG/graph.lbug``."""
+    if settings is None and use_env:
+        settings = neo4j_settings()
+    if settings is not None:
+        from graphstore.metadata.neo4j_store import Neo4jStore
+
+        return Neo4jStore(settings)
+    from graphstore.metadata.ladybug_store import LadybugStore
+
+    return LadybugStore(Path(catalog_dir) / EMBEDDED_NAME)
+
+
+__all__ = ["MetadataStore", "QueryResult", "open_store", "EMBEDDED_NAME"]

@@ -1,0 +1,95 @@
+"""The embedded default: Ladybug (a maintained Kuzu fork), an on-disk Cypher database."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from graphstore.metadata.base import MetadataStore, QueryResult, check_property
+from pipeline.errors import StoreError
+
+_DDL = [
+    "CREATE NODE TABLE IF NOT EXISTS Zoo(name STRING PRIMARY KEY)",
+    "CREATE NODE TABLE IF NOT EXISTS Dataset(name STRING PRIMARY KEY)",
+    "CREATE NODE TABLE IF NOT EXISTS Model(model_id STRING PRIMARY KEY)",
+    "CREATE NODE TABLE IF NOT EXISTS Architecture(architecture_id STRING PRIMARY KEY, summary STRING, "
+    "num_params INT64, num_nodes INT64, num_edges INT64, num_layers INT64, num_conv INT64, num_linear INT64, "
+    "has_batchnorm BOOLEAN, has_residual BOOLEAN)",
+    "CREATE NODE TABLE IF NOT EXISTS Layer(layer_id STRING PRIMARY KEY, architecture_id STRING, position INT64, "
+    "kind STRING, relation STRING, in_size INT64, out_size INT64, kernel_h INT64, kernel_w INT64, groups INT64, "
+    "activation STRING)",
+    "CREATE REL TABLE IF NOT EXISTS CONTAINS(FROM Zoo TO Model)",
+    "CREATE REL TABLE IF NOT EXISTS HAS_ARCHITECTURE(FROM Model TO Architecture)",
+    "CREATE REL TABLE IF NOT EXISTS HAS_LAYER(FROM Architecture TO Layer, position INT64)",
+    "CREATE REL TABLE IF NOT EXISTS FEEDS(FROM Layer TO Layer)",
+    "CREATE REL TABLE IF NOT EXISTS TRAINED_ON(FROM Model TO Dataset)",
+    "CREATE REL TABLE IF NOT EXISTS SIMILAR_TO(FROM Model TO Model, score DOUBLE, run_id STRING)",
+]
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if not k.startswith("_")}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class LadybugStore(MetadataStore):
+    backend = "ladybug"
+
+    def __init__(self, path: str | Path):
+        super().__init__()
+        import ladybug
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = ladybug.Database(str(self.path))
+            self._conn = ladybug.Connection(self._db)
+        except RuntimeError as exc:
+            raise StoreError(f"cannot open the embedded graph store at {self.path}: {exc}") from exc
+
+    def describe(self) -> str:
+        return f"ladybug:{self.path}"
+
+    def _execute(self, query: str, params: dict[str, Any] | None = None):
+        try:
+            return self._conn.execute(query, params or {})
+        except RuntimeError as exc:
+            raise StoreError(str(exc)) from exc
+
+    def _ensure_schema(self) -> None:
+        for ddl in _DDL:
+            self._execute(ddl)
+        info = self._execute('CALL table_info("Model") RETURN *').get_all()
+        self._model_props = {row[1]: row[2] for row in info if row[1] != "model_id"}
+
+    def _ensure_model_properties(self, props: dict[str, str]) -> None:
+        for name, typ in props.items():
+            if name not in self._model_props:
+                self._execute(f"ALTER TABLE Model ADD `{check_property(name)}` {typ}")
+                self._model_props[name] = typ
+
+    def _write(self, query: str, rows: list[dict]) -> None:
+        self._execute(query, {"rows": rows})
+
+    def _run(self, query: str, params: dict[str, Any]) -> QueryResult:
+        result = self._execute(query, params)
+        if isinstance(result, list):
+            result = result[-1]
+        columns = result.get_column_names()
+        rows = [[_plain(v) for v in row] for row in result.get_all()]
+        return QueryResult(columns, rows)
+
+    def _clear(self) -> None:
+        self.ensure_schema()
+        for rel in ("CONTAINS", "HAS_ARCHITECTURE", "HAS_LAYER", "FEEDS", "TRAINED_ON", "SIMILAR_TO"):
+            self._execute(f"MATCH ()-[r:{rel}]->() DELETE r")
+        for label in ("Zoo", "Dataset", "Model", "Architecture", "Layer"):
+            self._execute(f"MATCH (n:{label}) DELETE n")
+
+    def close(self) -> None:
+        conn, db = getattr(self, "_conn", None), getattr(self, "_db", None)
+        if conn is not None:
+            conn.close()
+        if db is not None:
+            db.close()
+        self._conn = self._db = None

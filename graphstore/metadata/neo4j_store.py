@@ -1,0 +1,91 @@
+"""Neo4j over Bolt with the official driver."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from graphstore.metadata import queries as Q
+from graphstore.metadata.base import MetadataStore, QueryResult
+from pipeline.config import Neo4jSettings
+from pipeline.errors import StoreError
+
+_CONSTRAINTS = [
+    "CREATE CONSTRAINT zoo_name IF NOT EXISTS FOR (n:Zoo) REQUIRE n.name IS UNIQUE",
+    "CREATE CONSTRAINT dataset_name IF NOT EXISTS FOR (n:Dataset) REQUIRE n.name IS UNIQUE",
+    "CREATE CONSTRAINT model_id IF NOT EXISTS FOR (n:Model) REQUIRE n.model_id IS UNIQUE",
+    "CREATE CONSTRAINT architecture_id IF NOT EXISTS FOR (n:Architecture) REQUIRE n.architecture_id IS UNIQUE",
+    "CREATE CONSTRAINT layer_id IF NOT EXISTS FOR (n:Layer) REQUIRE n.layer_id IS UNIQUE",
+]
+def _plain(value: Any) -> Any:
+    from neo4j.graph import Node, Relationship
+
+    if isinstance(value, (Node, Relationship)):
+        return dict(value.items())
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+# the driver logs every server notification; they reach the user through QueryResult.notices
+logging.getLogger("neo4j.notifications").setLevel(logging.ERROR)
+
+
+class Neo4jStore(MetadataStore):
+    backend = "neo4j"
+
+    def __init__(self, settings: Neo4jSettings, connect_timeout: float = 10.0):
+        super().__init__()
+        import neo4j
+        from neo4j import exceptions as nx
+
+        self.settings = settings
+        auth = (settings.user or "neo4j", settings.password) if settings.password else None
+        try:
+            self._driver = neo4j.GraphDatabase.driver(settings.uri, auth=auth, connection_timeout=connect_timeout)
+            self._driver.verify_connectivity()
+        except nx.AuthError as exc:
+            raise StoreError(f"Neo4j at {settings.uri} refused the credentials for user "
+                             f"{settings.user or 'neo4j'!r}: {exc.message}") from exc
+        except (nx.ServiceUnavailable, OSError, ValueError, nx.ConfigurationError) as exc:
+            raise StoreError(f"cannot reach Neo4j at {settings.uri}: {exc}") from exc
+
+    def describe(self) -> str:
+        return f"neo4j:{self.settings.uri}"
+
+    def _execute(self, query: str, params: dict[str, Any] | None = None) -> QueryResult:
+        from neo4j import exceptions as nx
+
+        try:
+            records, summary, keys = self._driver.execute_query(query, params or {},
+                                                                database_=self.settings.database)
+        except nx.Neo4jError as exc:
+            raise StoreError(f"{exc.code}: {exc.message}") from exc
+        except (nx.ServiceUnavailable, nx.SessionExpired) as exc:
+            raise StoreError(f"lost the connection to Neo4j at {self.settings.uri}: {exc}") from exc
+        notices = [f"{n.get('code', '')}: {n.get('description', '')}".strip(": ")
+                   for n in (summary.notifications or [])]
+        return QueryResult(list(keys), [[_plain(v) for v in r.values()] for r in records], notices)
+
+    def _ensure_schema(self) -> None:
+        for c in _CONSTRAINTS:
+            self._execute(c)
+
+    def _ensure_model_properties(self, props: dict[str, str]) -> None:
+        self._model_props.update({k: v for k, v in props.items() if k not in self._model_props})
+
+    def _write(self, query: str, rows: list[dict]) -> None:
+        self._execute(query, {"rows": rows})
+
+    def _run(self, query: str, params: dict[str, Any]) -> QueryResult:
+        return self._execute(query, params)
+
+    def _clear(self) -> None:
+        self._execute(Q.DELETE_ALL)
+
+    def close(self) -> None:
+        driver = getattr(self, "_driver", None)
+        if driver is not None:
+            driver.close()
+        self._driver = None

@@ -1,0 +1,55 @@
+"""Rebuild the graph store from the Parquet catalog, the source of truth."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphstore import duck
+from graphstore.catalog import Catalog
+from graphstore.metadata.base import MetadataStore
+
+ONE_MODEL_PER_ARCHITECTURE = (
+    "SELECT l.*, r.architecture_id FROM layers l JOIN "
+    "(SELECT architecture_id, min(model_id) AS model_id FROM models GROUP BY architecture_id) r USING (model_id)")
+LATEST_PREDICTIONS = (  # per model and target, the NG-GNN prediction of the newest regression run
+    "SELECT p.target, p.model_id, arg_max(p.predicted, r.created_at), arg_max(p.run_id, r.created_at) "
+    "FROM predictions p JOIN runs r USING (run_id) "
+    "WHERE p.method = 'ngnn' AND p.predicted IS NOT NULL AND r.task = 'regression' "
+    "GROUP BY p.target, p.model_id ORDER BY p.target, p.model_id")
+
+
+@dataclass
+class SyncReport:
+    store: str
+    models: int
+    architectures: int
+    predictions: int
+
+    def __str__(self) -> str:
+        return (f"synced {self.store}: {self.models} models, {self.architectures} architectures, "
+                f"{self.predictions} predictions")
+
+
+def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True, batch: int = 2000) -> SyncReport:
+    """Clear ``store`` (unless ``clear=False``) and write everything the catalog knows into it."""
+    catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    catalog.require()
+    con = duck.connect(catalog)
+    if clear:
+        store.clear()
+    store.ensure_schema()
+    architectures = con.sql("SELECT * FROM architectures").arrow().read_all().to_pylist()
+    layers = con.sql(ONE_MODEL_PER_ARCHITECTURE).arrow().read_all().to_pylist()
+    store.write_models([], architectures, layers)
+    n_models = 0
+    for rb in duck.stream(con, "SELECT * FROM models ORDER BY model_id", batch_size=batch):
+        rows = rb.to_pylist()
+        store.write_models(rows, [], [])
+        n_models += len(rows)
+    preds = con.sql(LATEST_PREDICTIONS).fetchall()
+    by_target: dict[tuple[str, str], list] = {}
+    for target, model_id, value, run_id in preds:
+        by_target.setdefault((target, run_id), []).append((model_id, value))
+    for (target, run_id), rows in by_target.items():
+        store.write_predictions(target, rows, run_id)
+    con.close()
+    return SyncReport(store.describe(), n_models, len(architectures), len(preds))

@@ -1,0 +1,354 @@
+"""Selecting models with SQL, deterministic splits, per-layer statistics, and streaming DGL graphs.
+
+``Selection`` is the set of models a job works on (``--where`` over the ``models`` view) with
+their target and split. ``GraphStream`` streams nodes and edges of chunks of models out of
+DuckDB as Arrow record batches, turns each model into a normalised DGL heterograph, and
+prefetches chunks in background threads so the trainer does not wait; built graphs are kept in
+a cache bounded in bytes, so later epochs read memory while the zoo fits and DuckDB when not.
+"""
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from graphstore import duck
+from graphstore.catalog import Catalog
+from graphstore.sql import check_readonly
+from jobs.heterograph import CanonicalEtype, build_heterograph, reframe, with_reverses
+from pipeline.errors import JobError
+from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES, RELATIONS
+
+SPLITS = ("train", "val", "test")
+
+
+def hash_split(model_id: str, fractions: tuple[float, float] = (0.7, 0.15)) -> str:
+    """Deterministic split from the model_id: a model keeps its split across runs."""
+    u = int(hashlib.sha256(("split:" + model_id).encode()).hexdigest()[:12], 16) / float(16 ** 12)
+    return "train" if u < fractions[0] else "val" if u < fractions[0] + fractions[1] else "test"
+
+
+@dataclass
+class Selection:
+    model_ids: list[str]
+    targets: np.ndarray                  # float targets (regression) or class indices
+    splits: np.ndarray                   # "train" | "val" | "test"
+    architectures: list[str]
+    task: str                            # regression | classification
+    target: str
+    classes: list[str] = field(default_factory=list)
+    frame: tuple[int, int] = (1, 1)
+    etypes: list[CanonicalEtype] = field(default_factory=list)
+
+    def ids(self, split: str) -> list[str]:
+        return [m for m, s in zip(self.model_ids, self.splits) if s == split]
+
+    def mask(self, split: str) -> np.ndarray:
+        return self.splits == split
+
+
+def _columns(con) -> dict[str, str]:
+    return {r[0]: r[1] for r in con.execute("DESCRIBE models").fetchall()}
+
+
+def select_models(con, target: str | None, where: str | None = None, task: str = "auto",
+                  split_column: str | None = None, classes: Sequence[str] | None = None,
+                  require_target: bool = True) -> Selection:
+    """Models matching ``where`` (a SQL condition over ``models``), with target and split.
+
+    Args:
+        target: a models column; numeric -> regression, text/bool -> classification (``task=auto``).
+        split_column: a column holding train/val/test; default: hash of model_id.
+        classes: fixed class list (when applying a trained classifier); default: sorted values.
+        require_target: drop models whose target is NULL (training); keep them (prediction).
+    """
+    cols = _columns(con)
+    if target is not None and target not in cols:
+        raise JobError(f"models has no column {target!r}; columns: {', '.join(sorted(cols))}")
+    if split_column and split_column not in cols:
+        raise JobError(f"models has no split column {split_column!r}")
+    conds = [f"({where})"] if where else []
+    if target is not None and require_target:
+        conds.append(f'"{target}" IS NOT NULL')
+    tsel = f', "{target}" AS y' if target is not None else ", NULL AS y"
+    ssel = f', "{split_column}" AS split' if split_column else ", NULL AS split"
+    query = (f"SELECT model_id, architecture_id, kernel_h, kernel_w{tsel}{ssel} FROM models"
+             + (" WHERE " + " AND ".join(conds) if conds else "") + " ORDER BY model_id")
+    check_readonly(query)
+    try:
+        rows = con.execute(query).fetchall()
+    except Exception as exc:
+        raise JobError(f"cannot select models with --where {where!r}: {exc}") from exc
+    if not rows:
+        raise JobError(f"no models match --where {where!r}" + (f" with {target} set" if target else ""))
+    ids = [r[0] for r in rows]
+    if task == "auto":
+        ctype = cols.get(target, "VARCHAR") if target else "DOUBLE"
+        task = "regression" if any(t in ctype for t in ("DOUBLE", "FLOAT", "INT", "DECIMAL")) else "classification"
+    values = [r[4] for r in rows]
+    if task == "regression":
+        targets = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+        class_list: list[str] = []
+    else:
+        labels = [None if v is None else _label(v) for v in values]
+        class_list = list(classes) if classes else sorted({lab for lab in labels if lab is not None})
+        index = {c: i for i, c in enumerate(class_list)}
+        targets = np.array([index.get(lab, -1) if lab is not None else -1 for lab in labels], dtype=np.int64)
+    if split_column:
+        splits = np.array([str(r[5]) if r[5] is not None else hash_split(r[0]) for r in rows])
+        bad = set(splits) - set(SPLITS)
+        if bad:
+            raise JobError(f"split column {split_column!r} has values {sorted(bad)}; use train/val/test")
+    else:
+        splits = np.array([hash_split(m) for m in ids])
+    frame = (max(int(r[2]) for r in rows), max(int(r[3]) for r in rows))
+    sel = Selection(ids, targets, splits, [r[1] for r in rows], task, target or "", class_list, frame)
+    sel.etypes = edge_types(con, ids)
+    return sel
+
+
+def _label(v) -> str:
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _ids_table(con, ids: Sequence[str], name: str = "_ids"):
+    con.register(name, pa.table({"model_id": pa.array(list(ids), pa.string())}))
+    return name
+
+
+def edge_types(con, ids: Sequence[str]) -> list[CanonicalEtype]:
+    """Canonical edge types of the selected models, from layers x per-layer node types (cheap)."""
+    cur = con.cursor()
+    _ids_table(cur, ids)
+    rows = cur.execute(
+        "WITH lt AS (SELECT DISTINCT n.model_id, n.layer, CAST(n.node_type AS VARCHAR) AS t FROM nodes n "
+        "JOIN _ids USING (model_id)) "
+        "SELECT DISTINCT s.t, l.relation, d.t FROM layers l JOIN _ids USING (model_id) "
+        "JOIN lt s ON s.model_id = l.model_id AND s.layer = l.src_layer "
+        "JOIN lt d ON d.model_id = l.model_id AND d.layer = l.dst_layer").fetchall()
+    cur.close()
+    return with_reverses((s, r, d) for s, r, d in rows)
+
+
+@dataclass
+class LayerStats:
+    """Per-layer mean/std of biases (by neuron layer) and weights (by operation), training split only."""
+
+    bias_mean: np.ndarray
+    bias_std: np.ndarray
+    weight_mean: np.ndarray
+    weight_std: np.ndarray
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k).tolist() for k in ("bias_mean", "bias_std", "weight_mean", "weight_std")}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LayerStats":
+        return cls(**{k: np.asarray(v, dtype=np.float64) for k, v in d.items()})
+
+
+def _table(rows, n=None) -> tuple[np.ndarray, np.ndarray]:
+    size = (max([r[0] for r in rows]) + 1) if rows else 1
+    mean, std = np.zeros(size), np.ones(size)
+    for layer, m, s in rows:
+        mean[layer] = m or 0.0
+        std[layer] = s if s and s > 1e-8 else 1.0
+    return mean, std
+
+
+def layer_stats(con, train_ids: Sequence[str]) -> LayerStats:
+    """One mean/std per layer, never per neuron. Zeros in edge vectors are the kernel frame's
+    padding and are left out (a trained weight of exactly 0.0 is vanishingly rare)."""
+    cur = con.cursor()
+    _ids_table(cur, train_ids)
+    b = cur.execute("SELECT layer, avg(bias), stddev_pop(bias) FROM nodes JOIN _ids USING (model_id) "
+                    "WHERE CAST(node_type AS VARCHAR) <> 'input' GROUP BY layer ORDER BY layer").fetchall()
+    w = cur.execute("SELECT layer, avg(x), stddev_pop(x) FROM (SELECT layer, unnest(weight) AS x FROM edges "
+                    "JOIN _ids USING (model_id)) WHERE x <> 0 GROUP BY layer ORDER BY layer").fetchall()
+    cur.close()
+    bm, bs = _table(b)
+    wm, ws = _table(w)
+    return LayerStats(bm, bs, wm, ws)
+
+
+def _lookup(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    return table[np.minimum(idx, len(table) - 1)]
+
+
+@dataclass
+class ModelArrays:
+    """The raw arrays of one model's graph, as read from the catalog."""
+
+    model_id: str
+    node_type: np.ndarray
+    node_layer: np.ndarray
+    node_position: np.ndarray
+    bias: np.ndarray
+    activation: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    relation: np.ndarray
+    edge_layer: np.ndarray
+    weight: np.ndarray                   # (E, kh*kw) in the model's own frame
+    kernel: tuple[int, int]
+
+    def normalised_graph(self, stats: LayerStats, frame: tuple[int, int], etypes: Sequence[CanonicalEtype]):
+        bias = (self.bias - _lookup(stats.bias_mean, self.node_layer)) / _lookup(stats.bias_std, self.node_layer)
+        bias[self.node_type == NODE_TYPES.index("input")] = 0.0
+        w = reframe(self.weight, self.kernel, frame)
+        pad = w == 0
+        w = (w - _lookup(stats.weight_mean, self.edge_layer)[:, None]) / _lookup(stats.weight_std, self.edge_layer)[:, None]
+        w[pad] = 0.0
+        return build_heterograph(self.node_type, self.node_layer, self.node_position, bias.astype(np.float32),
+                                 self.activation, self.src, self.dst, self.relation, w.astype(np.float32), etypes)
+
+
+def _codes(col: pa.ChunkedArray | pa.Array, names: Sequence[str]) -> np.ndarray:
+    """Dictionary or string column -> codes into ``names``."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_dictionary(arr.type):
+        lut = np.array([names.index(v) for v in arr.dictionary.to_pylist()], dtype=np.int64)
+        return lut[arr.indices.to_numpy(zero_copy_only=False)]
+    index = {n: i for i, n in enumerate(names)}
+    return np.array([index[v] for v in arr.to_pylist()], dtype=np.int64)
+
+
+NODES_QUERY = ("SELECT model_id, node, node_type, layer, position, bias, activation FROM nodes "
+               "WHERE model_id IN (SELECT model_id FROM {ids}) ORDER BY model_id, node")
+EDGES_QUERY = ("SELECT model_id, src, dst, relation, layer, weight FROM edges "
+               "WHERE model_id IN (SELECT model_id FROM {ids}) ORDER BY model_id, layer, dst, src")
+
+
+def _split_by_model(table: pa.Table) -> dict[str, pa.Table]:
+    ids = table.column("model_id").to_numpy(zero_copy_only=False)
+    if len(ids) == 0:
+        return {}
+    change = np.nonzero(ids[1:] != ids[:-1])[0] + 1
+    starts = np.concatenate([[0], change])
+    ends = np.concatenate([change, [len(ids)]])
+    return {ids[s]: table.slice(s, e - s) for s, e in zip(starts, ends)}
+
+
+def read_models(con, ids: Sequence[str], kernels: dict[str, tuple[int, int]],
+                batch_size: int = 262_144) -> list[ModelArrays]:
+    """Stream the nodes and edges of ``ids`` out of DuckDB (record batches) into ModelArrays."""
+    cur = con.cursor()
+    name = _ids_table(cur, ids, "_chunk")
+    nodes = pa.Table.from_batches(list(duck.stream(cur, NODES_QUERY.format(ids=name), batch_size=batch_size,
+                                                   private_cursor=False)))
+    edges = pa.Table.from_batches(list(duck.stream(cur, EDGES_QUERY.format(ids=name), batch_size=batch_size,
+                                                   private_cursor=False)))
+    cur.close()
+    by_nodes, by_edges = _split_by_model(nodes), _split_by_model(edges)
+    out = []
+    for mid in ids:
+        n, e = by_nodes.get(mid), by_edges.get(mid)
+        if n is None or e is None:
+            raise JobError(f"model {mid} has no nodes or edges in the catalog")
+        kh, kw = kernels[mid]
+        wcol = e.column("weight").combine_chunks()
+        values = wcol.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+        out.append(ModelArrays(
+            model_id=mid, node_type=_codes(n.column("node_type"), NODE_TYPES).astype(np.int8),
+            node_layer=n.column("layer").to_numpy().astype(np.int64),
+            node_position=n.column("position").to_numpy().astype(np.int64),
+            bias=n.column("bias").to_numpy().astype(np.float64),
+            activation=_codes(n.column("activation"), ACTIVATIONS),
+            src=e.column("src").to_numpy().astype(np.int64), dst=e.column("dst").to_numpy().astype(np.int64),
+            relation=_codes(e.column("relation"), RELATIONS).astype(np.int8),
+            edge_layer=e.column("layer").to_numpy().astype(np.int64),
+            weight=values.reshape(e.num_rows, kh * kw), kernel=(kh, kw)))
+    return out
+
+
+class GraphStream:
+    """Batches of (model indices, DGL graphs) for a list of selected models.
+
+    Args:
+        con: DuckDB connection over the catalog (each worker uses its own cursor).
+        selection, stats: what to load and how to normalise it.
+        chunk: models per DuckDB query; workers: prefetching threads; cache_bytes: graph cache budget.
+    """
+
+    def __init__(self, con, selection: Selection, stats: LayerStats, chunk: int = 64, workers: int = 2,
+                 prefetch: int = 4, cache_bytes: int = 2 << 30):
+        self.con, self.sel, self.stats = con, selection, stats
+        self.chunk, self.workers, self.prefetch = chunk, workers, prefetch
+        self.cache_bytes = cache_bytes
+        self._cache: dict[int, object] = {}
+        self._cached_bytes = 0
+        self._lock = threading.Lock()
+        con.execute("SELECT 1")
+        self.kernels = dict(con.execute("SELECT model_id, [kernel_h, kernel_w] FROM models").fetchall())
+
+    def _build(self, indices: Sequence[int]) -> list:
+        missing = [i for i in indices if i not in self._cache]
+        graphs = {}
+        if missing:
+            ids = [self.sel.model_ids[i] for i in missing]
+            arrays = read_models(self.con, ids, {m: tuple(self.kernels[m]) for m in ids})
+            for i, arr in zip(missing, arrays):
+                g = arr.normalised_graph(self.stats, self.sel.frame, self.sel.etypes)
+                graphs[i] = g
+                size = arr.weight.nbytes * 2 + arr.src.nbytes * 4 + arr.bias.nbytes * 8
+                with self._lock:
+                    if self._cached_bytes + size <= self.cache_bytes:
+                        self._cache[i] = g
+                        self._cached_bytes += size
+        return [self._cache[i] if i in self._cache else graphs[i] for i in indices]
+
+    def batches(self, indices: Sequence[int], batch_size: int, shuffle: bool = False,
+                seed: int = 0) -> Iterator[tuple[np.ndarray, list]]:
+        """Yield (indices, graphs) batches; chunks are read ahead by worker threads."""
+        idx = np.array(indices, dtype=np.int64)
+        if shuffle:
+            idx = np.random.default_rng(seed).permutation(idx)
+        groups = [idx[i:i + batch_size] for i in range(0, len(idx), batch_size)]
+        if not groups:
+            return
+        out: "queue.Queue" = queue.Queue(maxsize=max(self.prefetch, 1))
+        todo: "queue.Queue" = queue.Queue()
+        for k, grp in enumerate(groups):
+            todo.put((k, grp))
+        results: dict[int, tuple] = {}
+        stop = threading.Event()
+
+        def work():
+            while not stop.is_set():
+                try:
+                    k, grp = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    item = (k, grp, self._build(grp.tolist()), None)
+                except Exception as exc:  # surfaced in the consumer
+                    item = (k, grp, None, exc)
+                while not stop.is_set():
+                    try:
+                        out.put(item, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+
+        threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, self.workers))]
+        for t in threads:
+            t.start()
+        try:
+            for k in range(len(groups)):
+                while k not in results:
+                    kk, grp, graphs, exc = out.get()
+                    if exc is not None:
+                        raise exc
+                    results[kk] = (grp, graphs)
+                yield results.pop(k)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=5)

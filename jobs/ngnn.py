@@ -1,0 +1,185 @@
+"""NG-GNN (Kofinas et al., ICLR 2024) generalised to relations, on DGL heterographs.
+
+Per canonical edge type, messages are FiLM-modulated, ``m = gamma(e) * W h_src + beta(e)``, and
+aggregated PNA-style (mean, max, std, each with identity / amplification / attenuation degree
+scalers); relation outputs are summed per destination node type. Every layer also updates the
+edge features, ``e' = e + phi(e, h_src, h_dst)``. Node features start from the normalised bias,
+an activation embedding, a positional embedding (shared by the hidden neurons of one layer, one
+per position for input and output neurons) and, optionally, probe activations. The readout
+(mean and max per node type) is invariant to hidden-neuron permutations; node embeddings are
+equivariant.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import dgl
+import dgl.function as fn
+import torch
+from torch import nn
+
+from jobs.heterograph import CanonicalEtype
+from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES
+
+
+@dataclass
+class NGGNNConfig:
+    etypes: list[CanonicalEtype]
+    edge_in: int                 # edge feature width (kernel frame Kh*Kw)
+    out_dim: int                 # 1 for regression, number of classes for classification
+    hidden: int = 64
+    edge_hidden: int = 32
+    layers: int = 3
+    max_layers: int = 64         # positional embeddings of hidden layers
+    max_positions: int = 128     # positional embeddings of input / output neurons
+    probes: int = 0              # probe-activation features per node
+    dropout: float = 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["etypes"] = [list(e) for e in self.etypes]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NGGNNConfig":
+        d = dict(d)
+        d["etypes"] = [tuple(e) for e in d["etypes"]]
+        return cls(**d)
+
+
+def _key(et: CanonicalEtype) -> str:
+    return "__".join(et)
+
+
+def mlp(i: int, h: int, o: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(i, h), nn.SiLU(), nn.Linear(h, o))
+
+
+class RelationalPNALayer(nn.Module):
+    """One NG-GNN layer over every canonical edge type of the graph."""
+
+    AGGREGATORS = 3   # mean, max, std
+    SCALERS = 3       # identity, amplification, attenuation
+
+    def __init__(self, etypes: Sequence[CanonicalEtype], hidden: int, edge_hidden: int):
+        super().__init__()
+        self.etypes = [tuple(e) for e in etypes]
+        self.msg = nn.ModuleDict({_key(e): nn.Linear(hidden, hidden) for e in self.etypes})
+        self.film = nn.ModuleDict({_key(e): nn.Linear(edge_hidden, 2 * hidden) for e in self.etypes})
+        self.post = nn.ModuleDict({_key(e): nn.Linear(self.AGGREGATORS * self.SCALERS * hidden, hidden)
+                                   for e in self.etypes})
+        self.edge_update = nn.ModuleDict({_key(e): mlp(edge_hidden + 2 * hidden, edge_hidden, edge_hidden)
+                                          for e in self.etypes})
+        self.node_update = nn.ModuleDict({t: mlp(2 * hidden, hidden, hidden) for t in NODE_TYPES})
+        self.norm = nn.ModuleDict({t: nn.LayerNorm(hidden) for t in NODE_TYPES})
+        # mean log-degree per edge type (PNA's delta), fixed from the first training batch
+        self.register_buffer("delta", torch.zeros(len(self.etypes)))
+        self.register_buffer("delta_set", torch.zeros((), dtype=torch.bool))
+
+    def forward(self, g: dgl.DGLHeteroGraph, h: dict[str, torch.Tensor], e: dict[CanonicalEtype, torch.Tensor]):
+        agg = {t: torch.zeros_like(h[t]) for t in h}
+        new_e = {}
+        calibrate = self.training and not bool(self.delta_set)
+        for k, et in enumerate(self.etypes):
+            if et not in e or g.num_edges(et) == 0:
+                continue
+            s, _, d = et
+            with g.local_scope():
+                g.nodes[s].data["hs"] = self.msg[_key(et)](h[s])
+                gamma, beta = self.film[_key(et)](e[et]).chunk(2, dim=-1)
+                g.edges[et].data["gamma"], g.edges[et].data["beta"] = gamma, beta
+                g.apply_edges(lambda ed: {"m": ed.data["gamma"] * ed.src["hs"] + ed.data["beta"]}, etype=et)
+                g.edges[et].data["m2"] = g.edges[et].data["m"] ** 2
+                g.update_all(fn.copy_e("m", "x"), fn.mean("x", "mean"), etype=et)
+                g.update_all(fn.copy_e("m", "x"), fn.max("x", "max"), etype=et)
+                g.update_all(fn.copy_e("m2", "x"), fn.mean("x", "sq"), etype=et)
+                mean, mx, sq = (g.nodes[d].data[n] for n in ("mean", "max", "sq"))
+                std = torch.sqrt(torch.relu(sq - mean ** 2) + 1e-6)
+                deg = g.in_degrees(etype=et).float().clamp(min=1).unsqueeze(-1)
+                logd = torch.log(deg + 1)
+                if calibrate:
+                    self.delta[k] = logd[deg.squeeze(-1) > 0].mean().detach()
+                delta = self.delta[k].clamp(min=1e-3)
+                feats = torch.cat([mean, mx, std], dim=-1)
+                scaled = torch.cat([feats, feats * (logd / delta), feats * (delta / logd)], dim=-1)
+                has = (g.in_degrees(etype=et) > 0).float().unsqueeze(-1)
+                agg[d] = agg[d] + self.post[_key(et)](scaled) * has
+                # edge update from both endpoints
+                g.nodes[s].data["hsrc"] = h[s]
+                g.nodes[d].data["hdst"] = h[d]
+                g.apply_edges(lambda ed: {"cat": torch.cat([ed.src["hsrc"], ed.dst["hdst"]], -1)}, etype=et)
+                cat = torch.cat([e[et], g.edges[et].data["cat"]], dim=-1)
+                new_e[et] = e[et] + self.edge_update[_key(et)](cat)
+        if calibrate:
+            self.delta_set.fill_(True)
+        out = {t: self.norm[t](h[t] + self.node_update[t](torch.cat([h[t], agg[t]], -1))) for t in h}
+        return out, {**e, **new_e}
+
+
+class NGGNN(nn.Module):
+    """The metanetwork: node/edge encoders, ``layers`` RelationalPNALayers, invariant readout, head.
+
+    Shapes:
+        input: a batched heterograph (see jobs.heterograph) with ndata bias/layer/position/
+        activation and edata w (E_t, edge_in); output: (B, out_dim), embeddings (B, 6*hidden).
+    """
+
+    def __init__(self, cfg: NGGNNConfig):
+        super().__init__()
+        self.cfg = cfg
+        H = cfg.hidden
+        self.bias_in = nn.Linear(1 + cfg.probes, H)
+        self.act_emb = nn.Embedding(len(ACTIVATIONS), H)
+        self.type_emb = nn.Embedding(len(NODE_TYPES), H)
+        self.layer_emb = nn.Embedding(cfg.max_layers, H)            # hidden neurons: one per layer
+        self.pos_emb = nn.ModuleDict({"input": nn.Embedding(cfg.max_positions, H),
+                                      "output": nn.Embedding(cfg.max_positions, H)})
+        self.edge_in = nn.Linear(cfg.edge_in, cfg.edge_hidden)
+        self.rel_emb = nn.ParameterDict({_key(e): nn.Parameter(torch.zeros(cfg.edge_hidden)) for e in cfg.etypes})
+        self.layers = nn.ModuleList(RelationalPNALayer(cfg.etypes, H, cfg.edge_hidden) for _ in range(cfg.layers))
+        self.readout_dim = 2 * H * len(NODE_TYPES)
+        self.head = nn.Sequential(nn.Linear(self.readout_dim, H), nn.SiLU(), nn.Dropout(cfg.dropout),
+                                  nn.Linear(H, cfg.out_dim))
+
+    def encode_nodes(self, g, probe_features: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        h = {}
+        for i, t in enumerate(NODE_TYPES):
+            if g.num_nodes(t) == 0:
+                h[t] = torch.zeros(0, self.cfg.hidden, device=g.device)
+                continue
+            data = g.nodes[t].data
+            x = data["bias"].unsqueeze(-1)
+            if self.cfg.probes:
+                x = torch.cat([x, probe_features[t]], -1)
+            z = self.bias_in(x) + self.act_emb(data["activation"]) + self.type_emb.weight[i]
+            if t == "hidden":
+                z = z + self.layer_emb(data["layer"].clamp(max=self.cfg.max_layers - 1))
+            else:
+                z = z + self.pos_emb[t](data["position"].clamp(max=self.cfg.max_positions - 1))
+            h[t] = z
+        return h
+
+    def node_embeddings(self, g, probe_features=None) -> dict[str, torch.Tensor]:
+        """Equivariant node embeddings after all layers."""
+        h = self.encode_nodes(g, probe_features)
+        e = {et: self.edge_in(g.edges[et].data["w"]) + self.rel_emb[_key(et)] for et in self.cfg.etypes
+             if et in g.canonical_etypes}
+        for layer in self.layers:
+            h, e = layer(g, h, e)
+        return h
+
+    def embed(self, g, probe_features=None) -> torch.Tensor:
+        """Invariant graph embeddings (B, readout_dim): mean and max of node embeddings per type."""
+        h = self.node_embeddings(g, probe_features)
+        parts = []
+        with g.local_scope():
+            for t in NODE_TYPES:
+                g.nodes[t].data["h_out"] = h[t]
+                parts.append(dgl.readout_nodes(g, "h_out", ntype=t, op="mean"))
+                parts.append(dgl.readout_nodes(g, "h_out", ntype=t, op="max"))
+        return torch.cat(parts, -1)
+
+    def forward(self, g, probe_features=None) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.embed(g, probe_features)
+        return self.head(z), z

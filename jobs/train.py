@@ -1,0 +1,317 @@
+"""``jobs train-heterognn`` and ``jobs predict``: the one training module.
+
+A run selects models, computes per-layer statistics on its training split, streams graphs,
+trains NG-GNN with early stopping on validation, evaluates it and the two baselines on the same
+test split, and writes ``runs`` / ``predictions`` / ``embeddings`` to the catalog, the trained
+metanetwork to ``CATALOG/artifacts/RUN_ID/``, and ``predicted_<target>`` to the graph store.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dgl
+import numpy as np
+import pyarrow as pa
+import torch
+from tqdm import tqdm
+
+from graphstore import duck
+from graphstore.catalog import Catalog, now_utc
+from graphstore.schema import EMBEDDINGS, PREDICTIONS, RUNS
+from jobs.baselines import run_flat_mlp, run_statnn
+from jobs.data import GraphStream, LayerStats, Selection, layer_stats, select_models
+from jobs.ngnn import NGGNN, NGGNNConfig
+from pipeline.errors import JobError
+
+
+@dataclass
+class TrainConfig:
+    target: str = "test_accuracy"
+    where: str | None = None
+    task: str = "auto"                 # auto | regression | classification
+    split_column: str | None = None
+    epochs: int = 40
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    hidden: int = 64
+    edge_hidden: int = 32
+    layers: int = 3
+    dropout: float = 0.0
+    patience: int = 8
+    seed: int = 0
+    device: str = "cpu"
+    loader_workers: int = 2
+    chunk: int = 64
+    baselines: bool = True
+    max_train_batches: int | None = None   # cap per epoch (smoke runs); None = all
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    task: str
+    target: str
+    metrics: dict[str, dict[str, Any]]
+    n_models: dict[str, int]
+    seconds: float
+    epochs_run: int
+    store_warning: str | None = None
+    artifact: Path | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [f"run {self.run_id}: {self.task} of {self.target!r} on {self.n_models['train']} train / "
+                 f"{self.n_models['val']} val / {self.n_models['test']} test models "
+                 f"({self.epochs_run} epochs, {self.seconds:.0f}s)"]
+        keys = ("kendall_tau", "r2", "mae") if self.task == "regression" else ("accuracy", "macro_f1")
+        lines.append(f"  {'method':10s} " + " ".join(f"{k:>12s}" for k in keys) + "   (test split)")
+        for method, m in self.metrics.items():
+            cells = " ".join(f"{m.get(k, float('nan')):12.4f}" if isinstance(m.get(k), (int, float))
+                             else f"{'n/a':>12s}" for k in keys)
+            note = f"   {m['note']}" if m.get("note") else ""
+            lines.append(f"  {method:10s} {cells}{note}")
+        if self.store_warning:
+            lines.append(f"  graph store not updated: {self.store_warning} (run `graphstore sync` later)")
+        return "\n".join(lines)
+
+
+def metrics_for(task: str, y: np.ndarray, p: np.ndarray) -> dict[str, float]:
+    """Kendall tau, R^2, MAE (regression) or accuracy, macro-F1 (classification)."""
+    from scipy.stats import kendalltau
+    from sklearn.metrics import accuracy_score, f1_score, mean_absolute_error, r2_score
+
+    ok = ~np.isnan(p.astype(float))
+    y, p = y[ok], p[ok]
+    if len(y) < 2:
+        return {"n": int(len(y))}
+    if task == "regression":
+        tau = kendalltau(y, p).statistic
+        return {"kendall_tau": float(tau) if not math.isnan(tau) else 0.0, "r2": float(r2_score(y, p)),
+                "mae": float(mean_absolute_error(y, p)), "n": int(len(y))}
+    p = p.astype(np.int64)
+    return {"accuracy": float(accuracy_score(y, p)), "macro_f1": float(f1_score(y, p, average="macro")),
+            "n": int(len(y))}
+
+
+def _batch(graphs, device):
+    return dgl.batch(graphs).to(device)
+
+
+def _loss_fn(task: str):
+    return torch.nn.MSELoss() if task == "regression" else torch.nn.CrossEntropyLoss()
+
+
+def _targets(sel: Selection, idx: np.ndarray, mean: float, std: float, device) -> torch.Tensor:
+    if sel.task == "regression":
+        return torch.tensor((sel.targets[idx] - mean) / std, dtype=torch.float32, device=device).unsqueeze(-1)
+    return torch.tensor(sel.targets[idx], dtype=torch.int64, device=device)
+
+
+@torch.no_grad()
+def infer(model: NGGNN, stream: GraphStream, indices, batch_size: int, device) -> tuple[np.ndarray, np.ndarray]:
+    """Raw outputs (n, out_dim) and embeddings (n, d) for ``indices``, in that order."""
+    model.eval()
+    outs, embs = [], []
+    for _idx, graphs in stream.batches(indices, batch_size):   # batches come back in order
+        out, z = model(_batch(graphs, device))
+        outs.append(out.cpu().numpy())
+        embs.append(z.cpu().numpy())
+    if not outs:
+        return np.zeros((0, model.cfg.out_dim)), np.zeros((0, model.readout_dim))
+    return np.concatenate(outs), np.concatenate(embs)
+
+
+def _decode(task: str, out: np.ndarray, mean: float, std: float) -> np.ndarray:
+    return out[:, 0] * std + mean if task == "regression" else out.argmax(1).astype(np.float64)
+
+
+def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progress: bool = True) -> RunReport:
+    """Train NG-GNN on the catalog's selected models; see the module docstring."""
+    started = time.perf_counter()
+    catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise JobError("--device cuda was asked for, but torch sees no CUDA device")
+    con = duck.connect(catalog)
+    sel = select_models(con, cfg.target, cfg.where, cfg.task, cfg.split_column)
+    counts = {s: int(sel.mask(s).sum()) for s in ("train", "val", "test")}
+    if counts["train"] < 2 or counts["test"] < 1:
+        raise JobError(f"too few models to train and test: {counts}")
+    stats = layer_stats(con, sel.ids("train"))
+    stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers)
+    train_idx = np.nonzero(sel.mask("train"))[0]
+    val_idx = np.nonzero(sel.mask("val"))[0]
+    if sel.task == "regression":
+        mean, std = float(np.mean(sel.targets[train_idx])), float(np.std(sel.targets[train_idx]) or 1.0)
+    else:
+        mean, std = 0.0, 1.0
+    out_dim = 1 if sel.task == "regression" else len(sel.classes)
+    mcfg = NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=out_dim, hidden=cfg.hidden,
+                       edge_hidden=cfg.edge_hidden, layers=cfg.layers, dropout=cfg.dropout)
+    model = NGGNN(mcfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    loss_fn = _loss_fn(sel.task)
+    best, best_state, bad, history = -math.inf, None, 0, []
+    bar = tqdm(range(cfg.epochs), desc="train NG-GNN", unit="epoch", disable=not progress)
+    epochs_run = 0
+    for epoch in bar:
+        model.train()
+        total, n = 0.0, 0
+        for b, (idx, graphs) in enumerate(stream.batches(train_idx, cfg.batch_size, shuffle=True,
+                                                         seed=cfg.seed + epoch)):
+            if cfg.max_train_batches is not None and b >= cfg.max_train_batches:
+                break
+            out, _ = model(_batch(graphs, device))
+            loss = loss_fn(out, _targets(sel, idx, mean, std, device))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
+            total += float(loss) * len(idx)
+            n += len(idx)
+        epochs_run = epoch + 1
+        score_idx = val_idx if len(val_idx) >= 2 else train_idx
+        out, _ = infer(model, stream, score_idx, cfg.batch_size, device)
+        m = metrics_for(sel.task, sel.targets[score_idx], _decode(sel.task, out, mean, std))
+        score = m.get("kendall_tau", m.get("accuracy", -math.inf))
+        history.append({"epoch": epoch, "train_loss": total / max(n, 1), "val_score": score})
+        bar.set_postfix(loss=f"{total / max(n, 1):.4f}", val=f"{score:.3f}")
+        if score > best + 1e-4:
+            best, best_state, bad = score, copy.deepcopy(model.state_dict()), 0
+        else:
+            bad += 1
+            if bad >= cfg.patience:
+                break
+    bar.close()
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    all_idx = np.arange(len(sel.model_ids))
+    out, emb = infer(model, stream, all_idx, cfg.batch_size, device)
+    pred = _decode(sel.task, out, mean, std)
+    test = sel.mask("test")
+    results = {"ngnn": pred}
+    metrics = {"ngnn": metrics_for(sel.task, sel.targets[test], pred[test])}
+    if cfg.baselines:
+        for base in (run_statnn(con, sel, cfg.seed), run_flat_mlp(con, sel, cfg.seed)):
+            results[base.name] = base.predictions
+            mask = test & base.applicable
+            metrics[base.name] = {**metrics_for(sel.task, sel.targets[mask], base.predictions[mask]),
+                                  **({"note": base.note} if base.note else {})}
+    con.close()
+    run_id = f"run-{now_utc():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    artifact = save_metanetwork(catalog, run_id, model, sel, stats, mean, std, cfg)
+    report = RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
+                       artifact=artifact, history=history)
+    write_run(catalog, run_id, cfg, sel, results, emb, metrics, artifact)
+    if store is not None:
+        try:
+            if sel.task == "regression":
+                store.write_predictions(sel.target, zip(sel.model_ids, pred.tolist()), run_id)
+        except Exception as exc:
+            report.store_warning = str(exc).splitlines()[0]
+    return report
+
+
+def _label_strings(sel: Selection, values: np.ndarray) -> list[str | None]:
+    if sel.task == "regression":
+        return [None] * len(values)
+    return [sel.classes[int(v)] if not np.isnan(v) and 0 <= int(v) < len(sel.classes) else None for v in values]
+
+
+def write_run(catalog: Catalog, run_id: str, cfg: TrainConfig | dict, sel: Selection, results: dict[str, np.ndarray],
+              emb: np.ndarray, metrics: dict, artifact: Path | None, splits: np.ndarray | None = None) -> None:
+    """The runs, predictions and embeddings relations of one run, committed atomically."""
+    config = asdict(cfg) if isinstance(cfg, TrainConfig) else cfg
+    runs = pa.table({"run_id": [run_id], "task": [sel.task], "target": [sel.target],
+                     "where_sql": [config.get("where")], "config_json": [json.dumps(config, default=str)],
+                     "metrics_json": [json.dumps(metrics)], "model_path": [str(artifact) if artifact else None],
+                     "created_at": [now_utc()]}, schema=RUNS)
+    splits = sel.splits if splits is None else splits
+    cols: dict[str, list] = {k: [] for k in PREDICTIONS.names}
+    for method, values in results.items():
+        labels = _label_strings(sel, values)
+        for mid, split, v, lab in zip(sel.model_ids, splits, values, labels):
+            for k, val in (("run_id", run_id), ("model_id", mid), ("split", str(split)), ("target", sel.target),
+                           ("predicted", None if np.isnan(v) else float(v)), ("predicted_label", lab),
+                           ("method", method)):
+                cols[k].append(val)
+    preds = pa.table(cols, schema=PREDICTIONS)
+    flat = pa.array(emb.astype(np.float32).reshape(-1))
+    offsets = pa.array(np.arange(0, emb.size + 1, emb.shape[1] if emb.ndim == 2 and emb.shape[1] else 1,
+                                 dtype=np.int32))
+    embeddings = pa.table({"run_id": [run_id] * len(sel.model_ids), "model_id": sel.model_ids,
+                           "vector": pa.ListArray.from_arrays(offsets, flat)}, schema=EMBEDDINGS)
+    catalog.commit_results(run_id, {"runs": runs, "predictions": preds, "embeddings": embeddings})
+
+
+def save_metanetwork(catalog: Catalog, run_id: str, model: NGGNN, sel: Selection, stats: LayerStats,
+                     mean: float, std: float, cfg: TrainConfig) -> Path:
+    folder = catalog.artifacts_dir / run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"model": model.cfg.to_dict(), "stats": stats.to_dict(), "target_mean": mean, "target_std": std,
+            "task": sel.task, "target": sel.target, "classes": sel.classes, "frame": list(sel.frame),
+            "train": asdict(cfg)}
+    torch.save({k: v.cpu() for k, v in model.state_dict().items()}, folder / "metanet.pt")
+    (folder / "metanet.json").write_text(json.dumps(meta, indent=1, default=str))
+    return folder
+
+
+def load_metanetwork(catalog: Catalog, run_id: str, device: str = "cpu") -> tuple[NGGNN, dict]:
+    folder = catalog.artifacts_dir / run_id
+    if not (folder / "metanet.pt").exists():
+        raise JobError(f"no trained metanetwork for run {run_id!r} in {catalog.artifacts_dir}")
+    meta = json.loads((folder / "metanet.json").read_text())
+    model = NGGNN(NGGNNConfig.from_dict(meta["model"]))
+    model.load_state_dict(torch.load(folder / "metanet.pt", map_location="cpu", weights_only=True))
+    return model.to(device).eval(), meta
+
+
+@dataclass
+class PredictReport:
+    run_id: str
+    n: int
+    target: str
+    metrics: dict[str, float]
+
+    def summary(self) -> str:
+        m = ", ".join(f"{k}={v:.4f}" for k, v in self.metrics.items() if isinstance(v, float))
+        return f"predicted {self.target!r} for {self.n} models with run {self.run_id}" + (f" ({m} where known)" if m else "")
+
+
+def predict(catalog: Catalog | str, run_id: str, where: str | None = None, device: str = "cpu", store=None,
+            batch_size: int = 64) -> PredictReport:
+    """Apply a trained metanetwork to the models matching ``where`` (targets need not be known)."""
+    catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
+    model, meta = load_metanetwork(catalog, run_id, device)
+    con = duck.connect(catalog)
+    sel = select_models(con, meta["target"], where, meta["task"], classes=meta["classes"] or None,
+                        require_target=False)
+    frame = tuple(meta["frame"])
+    if sel.frame[0] > frame[0] or sel.frame[1] > frame[1]:
+        raise JobError(f"these models have kernels up to {sel.frame}, the metanetwork was trained on {frame}")
+    unknown = set(sel.etypes) - set(model.cfg.etypes)
+    if unknown:
+        raise JobError(f"these models have edge types the metanetwork never saw: {sorted(unknown)}")
+    sel.frame, sel.etypes = frame, list(model.cfg.etypes)
+    stream = GraphStream(con, sel, LayerStats.from_dict(meta["stats"]))
+    out, emb = infer(model, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device))
+    pred = _decode(meta["task"], out, meta["target_mean"], meta["target_std"])
+    known = ~np.isnan(sel.targets.astype(float)) if sel.task == "regression" else sel.targets >= 0
+    metrics = metrics_for(sel.task, sel.targets[known], pred[known]) if known.sum() >= 2 else {}
+    con.close()
+    new_run = f"{run_id}-predict-{uuid.uuid4().hex[:6]}"
+    write_run(catalog, new_run, {"where": where, "source_run": run_id}, sel, {"ngnn": pred}, emb,
+              {"ngnn": metrics}, catalog.artifacts_dir / run_id, splits=np.array(["predict"] * len(sel.model_ids)))
+    if store is not None and sel.task == "regression":
+        store.write_predictions(sel.target, zip(sel.model_ids, pred.tolist()), run_id)
+    return PredictReport(run_id, len(sel.model_ids), sel.target, metrics)

@@ -1,0 +1,155 @@
+"""``pipeline``: make zoos, convert checkpoints, ingest zoos into the catalog, query it with SQL."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from pipeline.cli_common import (FORMATS, catalog_option, echo_err, format_rows, open_store_from_options,
+                                 store_options, translate_errors)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """Model zoos in, neural graphs out.
+
+    \b
+    pipeline zoo make cnn zoos/cnn --n 100   train a real zoo (scikit-learn data, nothing downloaded)
+    pipeline ingest zoos/cnn                 convert every checkpoint once into ./catalog (Parquet)
+    pipeline convert zoos/cnn/cnn-00000.safetensors   show one checkpoint's neural graph
+    pipeline sql "SELECT count(*) FROM models"        SQL over every catalog relation
+    """
+
+
+@main.group()
+def zoo():
+    """Generate model zoos."""
+
+
+@zoo.command("make")
+@click.argument("kind", type=click.Choice(["cnn", "mlp", "inr"]))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--n", "n", type=click.IntRange(min=1), default=100, show_default=True, help="Number of models.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Zoo seed; the same seed gives the same zoo.")
+@click.option("--format", "fmt", type=click.Choice(["safetensors", "pt", "pt2"]), default="safetensors",
+              show_default=True, help="Checkpoint format (state dicts come with a JSON spec sidecar).")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Training processes.")
+@translate_errors
+def zoo_make(kind, out_dir, n, seed, fmt, workers):
+    """Train a zoo of KIND (cnn: CNNs on digits; mlp: MLPs on four tabular datasets; inr: SIRENs
+    fitted to digit images) into OUT_DIR. Models already in OUT_DIR are kept, so an interrupted
+    run resumes."""
+    from pipeline.zoo.make import make_zoo
+
+    click.echo(str(make_zoo(kind, out_dir, n, seed, fmt, workers, progress=True)))
+
+
+@main.command()
+@click.argument("zoo_dir", type=click.Path(exists=True, file_okay=False))
+@catalog_option
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Conversion processes.")
+@click.option("--zoo-name", default=None, help="Name of the zoo in the catalog (default: the folder name).")
+@click.option("--shard", default="0/1", show_default=True,
+              help="I/N: ingest only the checkpoints of shard I of N (several machines, one catalog).")
+@click.option("--no-graph", is_flag=True, help="Write Parquet only; run `graphstore sync` later.")
+@store_options
+@translate_errors
+def ingest(zoo_dir, catalog, workers, zoo_name, shard, no_graph, neo4j_uri, neo4j_user, neo4j_password):
+    """Convert every checkpoint under ZOO_DIR into its neural graph and append it to the catalog.
+
+    Checkpoints are .pt2 (torch.export) or .pt/.safetensors state dicts with a JSON sidecar
+    holding the architecture spec; metrics.csv and sidecars give the model attributes. Models
+    already in the catalog are skipped (content hash); failures are listed and recorded in
+    ingest_errors, and the exit code is 1 when any checkpoint failed.
+    """
+    from pipeline.config import catalog_dir
+    from pipeline.errors import ZooGraphError
+    from pipeline.ingest import ingest_zoo
+
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+        assert 0 <= i < n
+    except (ValueError, AssertionError):
+        raise click.BadParameter(f"{shard!r} is not I/N with 0 <= I < N", param_hint="--shard")
+    store, warning = None, None
+    if not no_graph:
+        try:
+            store = open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password)
+        except ZooGraphError as exc:
+            warning = str(exc)
+    try:
+        report = ingest_zoo(zoo_dir, catalog_dir(catalog), workers=workers, zoo_name=zoo_name, store=store,
+                            shard=(i, n))
+    finally:
+        if store is not None:
+            store.close()
+    report.store_warning = report.store_warning or warning
+    click.echo(report.summary())
+    if not report.ok:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False))
+@click.option("--spec", "spec_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Architecture spec JSON (default: the checkpoint's sidecar).")
+@translate_errors
+def convert(checkpoint, spec_file):
+    """Show the neural graph of one checkpoint: layers, node and edge counts, relations."""
+    import json
+
+    import numpy as np
+
+    from pipeline.ingest import summarize_plan
+    from pipeline.neural_graph.convert import convert_checkpoint
+    from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS
+
+    spec = json.loads(open(spec_file).read()) if spec_file else None
+    conv = convert_checkpoint(checkpoint, spec)
+    g = conv.graph
+    click.echo(f"architecture {conv.plan.signature}: {summarize_plan(conv.plan)}")
+    click.echo(f"{g.num_nodes} nodes, {g.num_edges} edges, {g.num_layers} neuron layers, "
+               f"edge features {g.kernel_shape[0]}x{g.kernel_shape[1]}")
+    rows = [[NODE_TYPES[t], int(c)] for t, c in zip(*np.unique(g.node_type, return_counts=True))]
+    click.echo(format_rows(["node_type", "nodes"], rows))
+    rows = [[RELATIONS[r], int(c)] for r, c in zip(*np.unique(g.relation, return_counts=True))]
+    click.echo(format_rows(["relation", "edges"], rows))
+
+
+@main.command()
+@click.argument("query")
+@catalog_option
+@click.option("--format", "fmt", type=click.Choice(FORMATS + ("parquet",)), default="table", show_default=True)
+@click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
+              help="Write the result to this file (required for --format parquet).")
+@click.option("--param", "params", multiple=True, metavar="VALUE",
+              help="Positional parameter for ? placeholders, in order (repeatable).")
+@translate_errors
+def sql(query, catalog, fmt, out, params):
+    """Run a read-only SQL QUERY (DuckDB) over the catalog relations: models, architectures,
+    layers, nodes, edges, ingest_errors, runs, predictions, embeddings. Statements that write,
+    attach, copy, install or load are refused."""
+    from graphstore.sql import run_readonly
+    from pipeline.config import catalog_dir
+
+    if fmt == "parquet" and not out:
+        raise click.BadParameter("--format parquet needs --out FILE", param_hint="--out")
+    table = run_readonly(catalog_dir(catalog), query, list(params) or None)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, out)
+        click.echo(f"wrote {table.num_rows} rows to {out}")
+        return
+    text = format_rows(table.column_names, [list(r.values()) for r in table.to_pylist()], fmt)
+    if out:
+        with open(out, "w") as fh:
+            fh.write(text + "\n")
+        echo_err(f"wrote {table.num_rows} rows to {out}")
+    else:
+        click.echo(text)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,103 @@
+"""What the three CLIs share: error translation at the edge, output formats, store options."""
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import math
+import sys
+from typing import Any, Callable, Sequence
+
+import click
+
+from pipeline.errors import ZooGraphError
+
+FORMATS = ("table", "json", "csv")
+
+
+def translate_errors(fn: Callable) -> Callable:
+    """Run a command body; a ZooGraphError becomes ``Error: <message>`` and exit code 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ZooGraphError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.6g}"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, default=str)
+    return str(v)
+
+
+def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "table",
+                max_width: int = 48) -> str:
+    """Render a result as an aligned table, JSON records or CSV."""
+    if fmt == "json":
+        return json.dumps([dict(zip(columns, r)) for r in rows], indent=1, default=str)
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(columns)
+        w.writerows([[_cell(v) for v in r] for r in rows])
+        return buf.getvalue().rstrip("\n")
+    cells = [[_cell(v)[:max_width] for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out)
+
+
+def catalog_option(fn: Callable) -> Callable:
+    return click.option("--catalog", "catalog", type=click.Path(file_okay=False), default=None,
+                        help="Catalog folder (default: $ZOOGRAPH_CATALOG or ./catalog).")(fn)
+
+
+def store_options(fn: Callable) -> Callable:
+    """--neo4j-uri / --neo4j-user / --neo4j-password (else NEO4J_* variables, else embedded Ladybug)."""
+    fn = click.option("--neo4j-password", default=None, help="Neo4j password (default: $NEO4J_PASSWORD).")(fn)
+    fn = click.option("--neo4j-user", default=None, help="Neo4j user (default: $NEO4J_USER, or neo4j).")(fn)
+    fn = click.option("--neo4j-uri", default=None,
+                      help="Neo4j Bolt URI (default: $NEO4J_URI); without one the embedded Ladybug "
+                           "store in CATALOG/graph.lbug is used.")(fn)
+    return fn
+
+
+def open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password):
+    from graphstore.metadata import open_store
+    from pipeline.config import catalog_dir, neo4j_settings
+
+    return open_store(catalog_dir(catalog), neo4j_settings(neo4j_uri, neo4j_user, neo4j_password))
+
+
+def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
+    """``k=v`` pairs; values parsed as JSON when they are JSON (numbers, true, lists), else strings."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r} is not of the form key=value", param_hint="--param")
+        k, v = pair.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def echo_err(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def is_tty() -> bool:
+    return sys.stderr.isatty()
