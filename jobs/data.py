@@ -199,6 +199,14 @@ class ModelArrays:
     weight: np.ndarray                   # (E, kh*kw) in the model's own frame
     kernel: tuple[int, int]
 
+    @classmethod
+    def from_graph(cls, model_id: str, graph) -> "ModelArrays":
+        """The arrays of an in-memory NeuralGraph, as if read from the catalog."""
+        return cls(model_id, graph.node_type, graph.node_layer.astype(np.int64),
+                   graph.node_position.astype(np.int64), graph.bias.astype(np.float64),
+                   graph.node_activation_codes(), graph.src, graph.dst, graph.relation,
+                   graph.edge_op.astype(np.int64), graph.weight, tuple(graph.kernel_shape))
+
     def normalised_graph(self, stats: LayerStats, frame: tuple[int, int], etypes: Sequence[CanonicalEtype]):
         bias = (self.bias - _lookup(stats.bias_mean, self.node_layer)) / _lookup(stats.bias_std, self.node_layer)
         bias[self.node_type == NODE_TYPES.index("input")] = 0.0

@@ -23,7 +23,7 @@ def main():
 
 @main.group()
 def zoo():
-    """Generate model zoos."""
+    """Generate model zoos of real trained networks (data from scikit-learn, nothing downloaded)."""
 
 
 @zoo.command("make")

@@ -1,0 +1,115 @@
+"""``jobs``: train NG-GNN on the catalog, predict, and run the end-to-end demo."""
+from __future__ import annotations
+
+import click
+
+from pipeline.cli_common import (catalog_option, format_rows, open_store_from_options, store_options,
+                                 translate_errors)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """Learning on neural graphs (NG-GNN, Kofinas et al. 2024) over the catalog.
+
+    \b
+    jobs demo                                   zoo -> ingest -> train -> predicted vs true accuracy
+    jobs train-heterognn --target test_accuracy --where "zoo = 'cnn'"
+    jobs predict --run RUN_ID --where "test_accuracy IS NULL"
+    """
+
+
+def _device_option(fn):
+    return click.option("--device", default="cpu", show_default=True,
+                        help="torch device: cpu, cuda, cuda:1 ... (no code change between them).")(fn)
+
+
+@main.command("train-heterognn")
+@catalog_option
+@click.option("--target", default="test_accuracy", show_default=True,
+              help="models column to predict: numeric -> regression (Kendall tau, R^2), text -> "
+                   "classification (accuracy, macro-F1); e.g. optimizer, dataset, label.")
+@click.option("--task", type=click.Choice(["auto", "regression", "classification"]), default="auto",
+              show_default=True)
+@click.option("--where", default=None, help="SQL condition over the models view selecting the models.")
+@click.option("--split-column", default=None,
+              help="models column with train/val/test (default: a hash of model_id, stable across runs).")
+@click.option("--epochs", type=click.IntRange(min=1), default=40, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--hidden", type=click.IntRange(min=4), default=64, show_default=True)
+@click.option("--layers", type=click.IntRange(min=1), default=3, show_default=True, help="NG-GNN layers.")
+@click.option("--patience", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Early stopping: epochs without a better validation score.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--loader-workers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Threads that stream graphs from DuckDB ahead of the trainer.")
+@click.option("--no-baselines", is_flag=True, help="Skip StatNN and the flat-weights MLP.")
+@_device_option
+@store_options
+@translate_errors
+def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batch_size, lr, hidden, layers,
+                        patience, seed, loader_workers, no_baselines, device, neo4j_uri, neo4j_user,
+                        neo4j_password):
+    """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
+    metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings."""
+    from jobs.train import TrainConfig, train_heterognn
+    from pipeline.config import catalog_dir
+    from pipeline.errors import ZooGraphError
+
+    cfg = TrainConfig(target=target, where=where, task=task, split_column=split_column, epochs=epochs,
+                      batch_size=batch_size, lr=lr, hidden=hidden, layers=layers, patience=patience, seed=seed,
+                      device=device, loader_workers=loader_workers, baselines=not no_baselines)
+    try:
+        store = open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password)
+    except ZooGraphError as exc:
+        store, warning = None, str(exc)
+    else:
+        warning = None
+    try:
+        report = train_heterognn(catalog_dir(catalog), cfg, store=store)
+    finally:
+        if store is not None:
+            store.close()
+    report.store_warning = report.store_warning or warning
+    click.echo(report.summary())
+
+
+@main.command()
+@catalog_option
+@click.option("--run", "run_id", required=True, help="The run whose metanetwork to apply.")
+@click.option("--where", default=None, help="SQL condition over models (default: all models).")
+@_device_option
+@store_options
+@translate_errors
+def predict(catalog, run_id, where, device, neo4j_uri, neo4j_user, neo4j_password):
+    """Apply a trained metanetwork to (newly ingested) models and write their predictions."""
+    from jobs.train import predict as run_predict
+    from pipeline.config import catalog_dir
+
+    with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) as store:
+        click.echo(run_predict(catalog_dir(catalog), run_id, where, device, store).summary())
+
+
+@main.command()
+@click.option("--workdir", type=click.Path(file_okay=False), default="demo", show_default=True,
+              help="Folder for the zoo and the catalog.")
+@click.option("--n", "n", type=click.IntRange(min=20), default=160, show_default=True, help="Models in the zoo.")
+@click.option("--epochs", type=click.IntRange(min=1), default=30, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@_device_option
+@translate_errors
+def demo(workdir, n, epochs, seed, workers, device):
+    """End to end on the embedded defaults (no server, no GPU): train a CNN zoo on digits, ingest
+    it, train NG-GNN, print predicted vs true test accuracy and Kendall tau."""
+    from jobs.demo import run_demo
+
+    report = run_demo(workdir, n=n, epochs=epochs, seed=seed, workers=workers, device=device)
+    click.echo(str(report.zoo))
+    click.echo(report.ingest.summary())
+    click.echo(format_rows(["checkpoint", "true_accuracy", "predicted"], report.rows))
+    click.echo(report.run.summary())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,44 @@
+"""The main job end to end on the embedded defaults: make a CNN zoo, ingest it, train NG-GNN,
+and compare predicted with true test accuracy (the README's first command)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from graphstore import duck
+from graphstore.catalog import Catalog
+from graphstore.metadata import open_store
+from jobs.train import RunReport, TrainConfig, train_heterognn
+from pipeline.errors import ZooGraphError
+from pipeline.ingest import IngestReport, ingest_zoo
+from pipeline.zoo.make import ZooReport, make_zoo
+
+PREDICTED_VS_TRUE = (
+    "SELECT m.checkpoint, round(m.test_accuracy, 3) AS true_accuracy, round(p.predicted, 3) AS predicted "
+    "FROM predictions p JOIN models m USING (model_id) "
+    "WHERE p.run_id = ? AND p.method = 'ngnn' AND p.split = 'test' ORDER BY m.test_accuracy DESC")
+
+
+@dataclass
+class DemoReport:
+    zoo: ZooReport
+    ingest: IngestReport
+    run: RunReport
+    rows: list[tuple]
+
+
+def run_demo(workdir: str | Path = "demo", n: int = 160, epochs: int = 30, seed: int = 0, workers: int = 2,
+             device: str = "cpu", progress: bool = True) -> DemoReport:
+    workdir = Path(workdir)
+    zoo = make_zoo("cnn", workdir / "zoo-cnn", n=n, seed=seed, workers=workers, progress=progress)
+    catalog = Catalog(workdir / "catalog")
+    with open_store(catalog.root, use_env=False) as store:
+        ingest = ingest_zoo(workdir / "zoo-cnn", catalog, workers=workers, store=store, progress=progress)
+        if not ingest.ok:
+            raise ZooGraphError(ingest.summary())
+        run = train_heterognn(catalog, TrainConfig(epochs=epochs, seed=seed, device=device), store=store,
+                              progress=progress)
+    con = duck.connect(catalog)
+    rows = con.execute(PREDICTED_VS_TRUE, [run.run_id]).fetchall()
+    con.close()
+    return DemoReport(zoo, ingest, run, rows)

@@ -1,0 +1,105 @@
+"""NG-GNN training end to end on a real catalog, prediction, and the symmetry guarantees."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from graphstore import duck
+from graphstore.catalog import Catalog
+from jobs.data import LayerStats, ModelArrays, hash_split
+from jobs.train import TrainConfig, load_metanetwork, predict, train_heterognn
+from pipeline.errors import JobError
+from pipeline.ingest import ingest_zoo
+from pipeline.neural_graph.convert import convert_checkpoint
+from pipeline.neural_graph.symmetry import random_hidden_permutation
+from pipeline.zoo.make import make_zoo
+
+FAST = dict(epochs=3, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=3)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, catalog_dir):
+    import shutil
+
+    root = tmp_path_factory.mktemp("trained") / "catalog"
+    shutil.copytree(catalog_dir, root)
+    report = train_heterognn(root, TrainConfig(where="zoo = 'cnn'", **FAST), progress=False)
+    return root, report
+
+
+def test_run_reports_and_writes_results(trained):
+    root, report = trained
+    assert set(report.metrics) == {"ngnn", "statnn", "flat_mlp"}
+    assert -1 <= report.metrics["ngnn"]["kendall_tau"] <= 1 and report.metrics["ngnn"]["n"] == report.n_models["test"]
+    con = duck.connect(root)
+    n = con.execute("SELECT count(*) FROM models WHERE zoo = 'cnn'").fetchone()[0]
+    assert con.execute("SELECT count(*) FROM predictions WHERE run_id = ? AND method = 'ngnn'",
+                       [report.run_id]).fetchone()[0] == n
+    assert con.execute("SELECT count(*), min(len(vector)) FROM embeddings WHERE run_id = ?",
+                       [report.run_id]).fetchone() == (n, 6 * FAST["hidden"])
+    metrics = json.loads(con.execute("SELECT metrics_json FROM runs WHERE run_id = ?", [report.run_id]).fetchone()[0])
+    assert metrics["ngnn"]["kendall_tau"] == pytest.approx(report.metrics["ngnn"]["kendall_tau"])
+    # the split is a function of model_id alone
+    for mid, split in con.execute("SELECT model_id, split FROM predictions WHERE run_id = ?", [report.run_id]).fetchall():
+        assert split == hash_split(mid)
+
+
+def test_predict_applies_the_saved_metanetwork_to_new_models(trained, tmp_path):
+    root, report = trained
+    zoo = tmp_path / "new"
+    make_zoo("cnn", zoo, n=4, seed=99, progress=False)
+    ingest_zoo(zoo, root, zoo_name="new", progress=False)
+    res = predict(root, report.run_id, where="zoo = 'new'")
+    assert res.n == 4
+    con = duck.connect(root)
+    rows = con.execute("SELECT count(*), count(predicted) FROM predictions WHERE split = 'predict' AND run_id LIKE ?",
+                       [report.run_id + "-predict-%"]).fetchone()
+    assert rows == (4, 4)
+
+
+def test_classification_of_the_training_dataset(catalog_copy):
+    report = train_heterognn(catalog_copy, TrainConfig(target="dataset", where="zoo = 'mlp'", **FAST),
+                             progress=False)
+    assert report.task == "classification"
+    assert 0 <= report.metrics["ngnn"]["accuracy"] <= 1 and "macro_f1" in report.metrics["statnn"]
+    con = duck.connect(catalog_copy)
+    labels = {r[0] for r in con.execute("SELECT DISTINCT predicted_label FROM predictions WHERE run_id = ? "
+                                        "AND method = 'ngnn'",
+                                        [report.run_id]).fetchall()}
+    assert labels <= {"iris", "wine", "breast_cancer", "digits"}
+
+
+def test_bad_requests_are_clear(catalog_dir):
+    with pytest.raises(JobError, match="no column 'nope'"):
+        train_heterognn(catalog_dir, TrainConfig(target="nope"), progress=False)
+    with pytest.raises(JobError, match="no models match"):
+        train_heterognn(catalog_dir, TrainConfig(where="zoo = 'absent'"), progress=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(JobError, match="no CUDA device"):
+            train_heterognn(catalog_dir, TrainConfig(device="cuda"), progress=False)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_predictions_are_invariant_and_node_embeddings_equivariant(trained, cnn_zoo, seed):
+    root, report = trained
+    model, meta = load_metanetwork(Catalog(root), report.run_id)
+    stats = LayerStats.from_dict(meta["stats"])
+    frame, etypes = tuple(meta["frame"]), model.cfg.etypes
+    ckpt = sorted(cnn_zoo.glob("*.safetensors"))[seed * 5]
+    graph = convert_checkpoint(ckpt).graph
+    perm = random_hidden_permutation(graph, np.random.default_rng(seed))
+    assert (perm != np.arange(len(perm))).any()
+    g0 = ModelArrays.from_graph("a", graph).normalised_graph(stats, frame, etypes)
+    g1 = ModelArrays.from_graph("b", graph.permuted(perm)).normalised_graph(stats, frame, etypes)
+    with torch.no_grad():
+        out0, z0 = model(g0)
+        out1, z1 = model(g1)
+        h0, h1 = model.node_embeddings(g0)["hidden"], model.node_embeddings(g1)["hidden"]
+    rel = lambda a, b: float((a - b).abs().max() / (b.abs().max() + 1e-12))  # noqa: E731
+    assert rel(out1, out0) < 1e-5 and rel(z1, z0) < 1e-5
+    n_in = int((graph.node_type == 0).sum())
+    hidden = np.nonzero(graph.node_type == 1)[0]
+    moved = torch.as_tensor(perm[hidden] - n_in)
+    assert rel(h1[moved], h0[torch.as_tensor(hidden - n_in)]) < 1e-5
+    assert rel(h1, h0) > 1e-3     # the embeddings really moved with the neurons
