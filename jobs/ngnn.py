@@ -138,7 +138,8 @@ class NGGNN(nn.Module):
         self.edge_in = nn.Linear(cfg.edge_in, cfg.edge_hidden)
         self.rel_emb = nn.ParameterDict({_key(e): nn.Parameter(torch.zeros(cfg.edge_hidden)) for e in cfg.etypes})
         self.layers = nn.ModuleList(RelationalPNALayer(cfg.etypes, H, cfg.edge_hidden) for _ in range(cfg.layers))
-        self.readout_dim = 2 * H * len(NODE_TYPES)
+        self.forward_etypes = [e for e in cfg.etypes if not e[1].startswith("rev_")]
+        self.readout_dim = 2 * H * len(NODE_TYPES) + cfg.edge_hidden * len(self.forward_etypes)
         self.head = nn.Sequential(nn.Linear(self.readout_dim, H), nn.SiLU(), nn.Dropout(cfg.dropout),
                                   nn.Linear(H, cfg.out_dim))
 
@@ -160,24 +161,31 @@ class NGGNN(nn.Module):
             h[t] = z
         return h
 
-    def node_embeddings(self, g, probe_features=None) -> dict[str, torch.Tensor]:
-        """Equivariant node embeddings after all layers."""
+    def _propagate(self, g, probe_features=None):
         h = self.encode_nodes(g, probe_features)
         e = {et: self.edge_in(g.edges[et].data["w"]) + self.rel_emb[_key(et)] for et in self.cfg.etypes
              if et in g.canonical_etypes}
         for layer in self.layers:
             h, e = layer(g, h, e)
-        return h
+        return h, e
+
+    def node_embeddings(self, g, probe_features=None) -> dict[str, torch.Tensor]:
+        """Equivariant node embeddings after all layers."""
+        return self._propagate(g, probe_features)[0]
 
     def embed(self, g, probe_features=None) -> torch.Tensor:
-        """Invariant graph embeddings (B, readout_dim): mean and max of node embeddings per type."""
-        h = self.node_embeddings(g, probe_features)
+        """Invariant graph embeddings (B, readout_dim): mean and max of node embeddings per node
+        type, and the mean of the final edge features per forward relation."""
+        h, e = self._propagate(g, probe_features)
         parts = []
         with g.local_scope():
             for t in NODE_TYPES:
                 g.nodes[t].data["h_out"] = h[t]
                 parts.append(dgl.readout_nodes(g, "h_out", ntype=t, op="mean"))
                 parts.append(dgl.readout_nodes(g, "h_out", ntype=t, op="max"))
+            for et in self.forward_etypes:
+                g.edges[et].data["e_out"] = e[et]
+                parts.append(dgl.readout_edges(g, "e_out", etype=et, op="mean"))
         return torch.cat(parts, -1)
 
     def forward(self, g, probe_features=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -160,6 +160,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
                        edge_hidden=cfg.edge_hidden, layers=cfg.layers, dropout=cfg.dropout)
     model = NGGNN(mcfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs, eta_min=cfg.lr * 0.05)
     loss_fn = _loss_fn(sel.task)
     best, best_state, bad, history = -math.inf, None, 0, []
     bar = tqdm(range(cfg.epochs), desc="train NG-GNN", unit="epoch", disable=not progress)
@@ -179,6 +180,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
             opt.step()
             total += float(loss) * len(idx)
             n += len(idx)
+        sched.step()
         epochs_run = epoch + 1
         score_idx = val_idx if len(val_idx) >= 2 else train_idx
         out, _ = infer(model, stream, score_idx, cfg.batch_size, device)

@@ -36,8 +36,9 @@ def test_run_reports_and_writes_results(trained):
     n = con.execute("SELECT count(*) FROM models WHERE zoo = 'cnn'").fetchone()[0]
     assert con.execute("SELECT count(*) FROM predictions WHERE run_id = ? AND method = 'ngnn'",
                        [report.run_id]).fetchone()[0] == n
-    assert con.execute("SELECT count(*), min(len(vector)) FROM embeddings WHERE run_id = ?",
-                       [report.run_id]).fetchone() == (n, 6 * FAST["hidden"])
+    width = load_metanetwork(Catalog(root), report.run_id)[0].readout_dim
+    assert con.execute("SELECT count(*), min(len(vector)), max(len(vector)) FROM embeddings WHERE run_id = ?",
+                       [report.run_id]).fetchone() == (n, width, width)
     metrics = json.loads(con.execute("SELECT metrics_json FROM runs WHERE run_id = ?", [report.run_id]).fetchone()[0])
     assert metrics["ngnn"]["kendall_tau"] == pytest.approx(report.metrics["ngnn"]["kendall_tau"])
     # the split is a function of model_id alone

@@ -1,0 +1,41 @@
+"""Zoos for benchmarks: real zoos from `pipeline zoo make`, grown by perturbed copies."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from pipeline.zoo.make import make_zoo
+
+CACHE = Path("/tmp/zoograph-bench")
+
+
+def base_zoo(kind: str = "cnn", n: int = 60, seed: int = 0) -> Path:
+    out = CACHE / f"{kind}-{n}-{seed}"
+    if not (out / "metrics.csv").exists():
+        make_zoo(kind, out, n=n, seed=seed, workers=2, progress=False)
+    return out
+
+
+def grown_zoo(src: Path, factor: int, seed: int = 0) -> Path:
+    """``factor`` copies of every checkpoint of ``src``, weights perturbed by 1e-3 relative noise."""
+    out = CACHE / f"{src.name}-x{factor}"
+    if (out / ".complete").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    gen = torch.Generator().manual_seed(seed)
+    for ckpt in sorted(src.glob("*.safetensors")):
+        state = load_file(str(ckpt))
+        side = json.loads(ckpt.with_suffix(".json").read_text())
+        for k in range(factor):
+            noisy = {key: (v + 1e-3 * v.abs().mean() * torch.randn(v.shape, generator=gen)) if v.is_floating_point()
+                     else v for key, v in state.items()}
+            name = f"{ckpt.stem}-c{k}"
+            save_file({key: v.contiguous() for key, v in noisy.items()}, str(out / f"{name}.safetensors"))
+            (out / f"{name}.json").write_text(json.dumps(side))
+    (out / ".complete").write_text("ok")
+    return out

@@ -1,0 +1,23 @@
+"""Print the README's torchvision coverage table: every classification builder, converted or not.
+
+    .venv/bin/python benchmarks/torchvision_table.py > /tmp/table.md
+"""
+import sys
+import warnings
+
+import torchvision
+
+from pipeline.neural_graph.coverage import check_builder
+
+warnings.filterwarnings("ignore")
+names = sorted(torchvision.models.list_models(module=torchvision.models))
+rows = []
+print("| builder | result | params | nodes | edges | note |\n|---|---|---:|---:|---:|---|")
+for name in names:
+    row = check_builder(name)
+    note = row.reason.split("unsupported module at ")[-1] if row.status == "unsupported" else (
+        "" if row.materialised else "counted from the plan (graph not materialised: too large for this check)")
+    print(f"| {name} | {row.status} | {row.params:,} | {row.nodes or ''} | {row.edges or ''} | {note} |", flush=True)
+    rows.append(row)
+ok = sum(r.status == "converts" for r in rows)
+print(f"\n{ok} of {len(rows)} builders convert; the others stop with UnsupportedModuleError.", file=sys.stderr)
