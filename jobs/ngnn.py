@@ -183,9 +183,11 @@ class NGGNN(nn.Module):
                 g.nodes[t].data["h_out"] = h[t]
                 parts.append(dgl.readout_nodes(g, "h_out", ntype=t, op="mean"))
                 parts.append(dgl.readout_nodes(g, "h_out", ntype=t, op="max"))
-            for et in self.forward_etypes:
+            for et in self.forward_etypes:      # mean over a graph's edges of each relation (0 if none)
                 g.edges[et].data["e_out"] = e[et]
-                parts.append(dgl.readout_edges(g, "e_out", etype=et, op="mean"))
+                total = dgl.readout_edges(g, "e_out", etype=et, op="sum")
+                count = g.batch_num_edges(et).clamp(min=1).unsqueeze(-1).to(total.dtype)
+                parts.append(total / count)
         return torch.cat(parts, -1)
 
     def forward(self, g, probe_features=None) -> tuple[torch.Tensor, torch.Tensor]:
