@@ -32,6 +32,8 @@ def _frame(kernel: tuple[int, int], frame: tuple[int, int]) -> tuple[int, int]:
 def _dense_blocks(op: dict, state: Mapping, src_size: int):
     """Weight of a linear/conv/embedding op as (Cout, Cin_per_group, kh, kw) and its group count."""
     w = _as_numpy(state[op["weight_key"]])
+    if "rows" in op:                        # q / k / v: row blocks of one in-projection tensor
+        w = w[op["rows"][0]:op["rows"][1]]
     kh, kw = op["kernel"]
     if op["kind"] == "embedding":
         return w.T.reshape(w.shape[1], w.shape[0], 1, 1), 1   # dst = embedding dim, src = token
@@ -94,6 +96,8 @@ def graph_from_plan(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGrap
             w = w.reshape(cout * cin_g, Kh * Kw)
         if op.get("bias_key"):
             b = _as_numpy(state[op["bias_key"]])
+            if "rows" in op:
+                b = b[op["rows"][0]:op["rows"][1]]
             bias[do:do + b.shape[0]] = b
         srcs.append(src)
         dsts.append(dst)
@@ -155,7 +159,17 @@ def state_dict_from_graph(graph: NeuralGraph) -> dict[str, torch.Tensor]:
                 weight = blocks.reshape(c, cin).T.copy()
             else:
                 weight = blocks.reshape(shape)
-            out[op["weight_key"]] = torch.from_numpy(np.ascontiguousarray(weight))
+            if "rows" in op:                # one row block of a shared in-projection tensor
+                r0, r1 = op["rows"]
+                full = out.setdefault(op["weight_key"], torch.zeros(op["param_shape"]))
+                full[r0:r1] = torch.from_numpy(np.ascontiguousarray(weight))
+            else:
+                out[op["weight_key"]] = torch.from_numpy(np.ascontiguousarray(weight))
         if op.get("bias_key"):
-            out[op["bias_key"]] = torch.from_numpy(graph.bias[do:do + c].copy())
+            b = torch.from_numpy(graph.bias[do:do + c].copy())
+            if "rows" in op:
+                r0, r1 = op["rows"]
+                out.setdefault(op["bias_key"], torch.zeros(op["param_shape"][0]))[r0:r1] = b
+            else:
+                out[op["bias_key"]] = b
     return out

@@ -83,14 +83,18 @@ class _Val:
     tokens: bool = False         # integer token ids (before an embedding)
 
 
+def _clean_path(path) -> str:
+    path = re.sub(r"^L\['[^']*'\]\.?", "", str(path))
+    path = re.sub(r"getattr\((.*?), '([^']*)'\)", r"\1.\2", path)
+    return re.sub(r"\[(\d+)\]", r".\1", path).strip(".")
+
+
 def _module_path(node) -> tuple[str, str]:
     stack = node.meta.get("nn_module_stack") or {}
     if not stack:
         return "", "<function>"
     path, typ = list(stack.values())[-1]
-    path = re.sub(r"^L\['[^']*'\]\.?", "", str(path))
-    path = re.sub(r"getattr\((.*?), '([^']*)'\)", r"\1.\2", path)
-    path = re.sub(r"\[(\d+)\]", r".\1", path).strip(".")
+    path = _clean_path(path)
     name = typ.__module__ + "." + typ.__qualname__ if isinstance(typ, type) else str(typ)
     return path, name
 
@@ -100,6 +104,22 @@ def _unsupported(node, what: str, detail: str = "") -> UnsupportedModuleError:
     target = getattr(node.target, "__name__", str(node.target))
     return UnsupportedModuleError(path, f"{typ} (operation {target})" if typ != "<function>" else f"operation {target}",
                                   detail)
+
+
+def _feeds_convolution(node) -> bool:
+    """Whether a value reaches a convolution through shape-preserving ops only."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        for user in n.users:
+            if user.name in seen:
+                continue
+            seen.add(user.name)
+            if user.target is aten.convolution.default:
+                return True
+            if user.target in _PASSTHROUGH_OPS:
+                todo.append(user)
+    return False
 
 
 def _shape(node) -> tuple[int, ...]:
@@ -124,6 +144,8 @@ class _Tracer:
         self.steps: list[dict[str, Any]] = []
         self.vals: dict[str, Any] = {}
         self.used_keys: set[str] = set()
+        self.blocks = _attention_blocks(exported.graph)
+        self.done_blocks: set[str] = set()
 
     # -------------------------------------------------------------- helpers
     def new_layer(self, size: int, kind: str) -> int:
@@ -186,6 +208,8 @@ class _Tracer:
             return
         if len(shape) == 2:
             self.vals[node.name] = _Val(self.new_layer(shape[1], "input"), True, ())
+        elif len(shape) == 3 and not _feeds_convolution(node):      # (N, T, F): tokens, features last
+            self.vals[node.name] = _Val(self.new_layer(shape[2], "input"), True, (shape[1],))
         elif len(shape) in (3, 4):
             self.vals[node.name] = _Val(self.new_layer(shape[1], "input"), False, tuple(shape[2:]))
         else:
@@ -193,6 +217,14 @@ class _Tracer:
 
     def call(self, node) -> None:
         t = node.target
+        block = self.blocks.get(node.name)
+        if block is not None:
+            if block.path not in self.done_blocks:
+                self.done_blocks.add(block.path)
+                self.attention_block(node, block)
+            return
+        if t is aten._transformer_encoder_layer_fwd.default:
+            return self.encoder_layer(node)
         if t is _getitem:
             src = self.vals.get(node.args[0].name)
             if isinstance(src, tuple):
@@ -337,6 +369,8 @@ class _Tracer:
 
     def add(self, node) -> None:
         a, b = node.args[:2]
+        if isinstance(b, torch.fx.Node) and b.name in self.param_of and isinstance(self.vals.get(a.name), _Val):
+            return self.bias_add(node, self.vals[a.name], b)
         if node.kwargs.get("alpha", 1) != 1 or not isinstance(b, torch.fx.Node):
             raise _unsupported(node, "addition of a constant or a scaled tensor")
         va, vb = self.val(node, a), self.val(node, b)
@@ -355,6 +389,97 @@ class _Tracer:
         for src in (va, vb):
             self.add_op(node, kind="residual", relation="residual", src_layer=src.layer, dst_layer=dst, kernel=[1, 1])
         self.vals[node.name] = _Val(dst, va.channels_last, va.spatial)
+
+    def bias_add(self, node, v: _Val, b) -> None:
+        """``mm`` then ``+ bias``: how a linear layer on 3-d input exports; fold the bias into it."""
+        key = self.key(b)
+        op = self.ops[-1] if self.ops else None
+        if (op is None or op["dst_layer"] != v.layer or op.get("bias_key") is not None or op["kind"] != "linear"
+                or tuple(self.state[key].shape) != (self.layers[v.layer].size,)):
+            raise _unsupported(node, "addition of a parameter that is not the bias of the layer before it")
+        op["bias_key"] = key
+        self.vals[node.name] = v
+
+    def _attention(self, node, v: _Val, embed: int, in_w: str, in_b: str | None, out_w: str,
+                   out_b: str | None, heads: int) -> _Val:
+        """Q, K, V neuron layers from the input and an O layer from V: four typed edge blocks."""
+        if not v.channels_last or self.layers[v.layer].size != embed:
+            raise _unsupported(node, "attention whose input is not a layer of embed_dim neurons")
+        qkv = []
+        for i, rel in enumerate(("attn_q", "attn_k", "attn_v")):
+            dst = self.new_layer(embed, "attention")
+            self.add_op(node, kind="linear", relation=rel, src_layer=v.layer, dst_layer=dst, weight_key=in_w,
+                        bias_key=in_b, rows=[i * embed, (i + 1) * embed], param_shape=[3 * embed, embed],
+                        weight_shape=[embed, embed], kernel=[1, 1], groups=1, heads=heads)
+            qkv.append(dst)
+        out = self.new_layer(embed, "attention_out")
+        self.add_op(node, kind="linear", relation="attn_o", src_layer=qkv[2], dst_layer=out, weight_key=out_w,
+                    bias_key=out_b, weight_shape=[embed, embed], kernel=[1, 1], groups=1, heads=heads)
+        for k in (in_w, in_b, out_w, out_b):
+            if k:
+                self.used_keys.add(k)
+        return _Val(out, True, v.spatial)
+
+    def attention_block(self, node, block: "_Block") -> None:
+        """An nn.MultiheadAttention traced into many ATen ops: handled as one block."""
+        inputs = {a.name for n in block.nodes for a in n.all_input_nodes
+                  if a.name not in block.names and a.name not in self.param_of}
+        neuron_vals = [self.vals[i] for i in inputs if isinstance(self.vals.get(i), _Val)]
+        if len(inputs) != 1 or len(neuron_vals) != 1:
+            raise _unsupported(node, "attention other than self-attention on one input")
+        p = block.path + "."
+        keys = {k: p + k for k in ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")}
+        if keys["in_proj_weight"] not in self.state:
+            raise _unsupported(node, "attention with separate q/k/v projection weights")
+        embed = int(self.state[keys["out_proj.weight"]].shape[0])
+        out = self._attention(node, neuron_vals[0], embed, keys["in_proj_weight"],
+                              keys["in_proj_bias"] if keys["in_proj_bias"] in self.state else None,
+                              keys["out_proj.weight"],
+                              keys["out_proj.bias"] if keys["out_proj.bias"] in self.state else None,
+                              _heads(block, embed))
+        for n in block.outputs:
+            self.vals[n.name] = out
+
+    def encoder_layer(self, node) -> None:
+        """``TransformerEncoderLayer``'s fused fast path, decomposed into its parts."""
+        (src, embed, heads, qkv_w, qkv_b, proj_w, proj_b, use_gelu, norm_first, eps,
+         n1w, n1b, n2w, n2b, f1w, f1b, f2w, f2b) = node.args[:18]
+        if len(node.args) > 18 and node.args[18] is not None:
+            raise _unsupported(node, "encoder layer with an attention mask")
+        x = self.val(node, src)
+        k = self.key
+        act = "gelu" if use_gelu else "relu"
+
+        def norm(v, w, b):
+            dst = self.new_layer(self.layers[v.layer].size, "norm")
+            self.add_op(node, kind="layer_norm", relation="norm", src_layer=v.layer, dst_layer=dst,
+                        weight_key=k(w), bias_key=k(b), eps=float(eps), kernel=[1, 1])
+            return _Val(dst, True, v.spatial)
+
+        def linear(v, w, b, activation="identity"):
+            wk = k(w)
+            out_f, in_f = (int(s) for s in self.state[wk].shape)
+            dst = self.new_layer(out_f, "linear")
+            self.add_op(node, kind="linear", relation="linear", src_layer=v.layer, dst_layer=dst, weight_key=wk,
+                        bias_key=k(b), weight_shape=[out_f, in_f], kernel=[1, 1], groups=1)
+            self.layers[dst].activation = activation
+            return _Val(dst, True, v.spatial)
+
+        def residual(skip, target):
+            self.add_op(node, kind="residual", relation="residual", src_layer=skip.layer, dst_layer=target.layer,
+                        kernel=[1, 1])
+            return target
+
+        def attention(v):
+            return self._attention(node, v, int(embed), k(qkv_w), k(qkv_b), k(proj_w), k(proj_b), int(heads))
+
+        if norm_first:
+            h = residual(x, attention(norm(x, n1w, n1b)))
+            out = residual(h, linear(linear(norm(h, n2w, n2b), f1w, f1b, act), f2w, f2b))
+        else:
+            h = norm(residual(x, attention(x)), n1w, n1b)
+            out = norm(residual(h, linear(linear(h, f1w, f1b, act), f2w, f2b)), n2w, n2b)
+        self.vals[node.name] = out
 
     def pool(self, node) -> None:
         v = self.val(node, node.args[0])
@@ -420,6 +545,45 @@ class _Tracer:
                     input_shape=self.input_shape, input_dtype=self.input_dtype)
         plan.signature = architecture_signature(plan)
         return plan
+
+
+@dataclass
+class _Block:
+    path: str
+    heads: int
+    nodes: list
+    names: set
+    outputs: list
+
+
+def _attention_blocks(graph) -> dict[str, _Block]:
+    """Nodes that belong to an nn.MultiheadAttention call, by node name."""
+    blocks: dict[str, _Block] = {}
+    by_path: dict[str, _Block] = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        for key, (raw, typ) in (node.meta.get("nn_module_stack") or {}).items():
+            if isinstance(typ, type) and issubclass(typ, torch.nn.MultiheadAttention):
+                path = _clean_path(raw)
+                blk = by_path.setdefault(path, _Block(path, 0, [], set(), []))
+                blk.nodes.append(node)
+                blk.names.add(node.name)
+                blocks[node.name] = blk
+                break
+    for blk in by_path.values():
+        blk.outputs = [n for n in blk.nodes if any(u.name not in blk.names for u in n.users)]
+    return blocks
+
+
+def _heads(block: _Block, embed: int) -> int:
+    """Heads of an attention block, read from the q/k/v reshape to (L, B * heads, head_dim)."""
+    for n in block.nodes:
+        if n.target is aten.div.Tensor:          # q / sqrt(head_dim) once per call
+            shape = _shape(n)
+            if len(shape) == 3 and 0 < shape[-1] < embed and embed % shape[-1] == 0:
+                return embed // shape[-1]
+    return 1
 
 
 def architecture_signature(plan: Plan) -> str:

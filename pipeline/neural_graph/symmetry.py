@@ -3,7 +3,8 @@
 Neurons of a hidden layer can be reordered freely, but some layers move together: a norm layer,
 a residual edge or a depthwise conv connects neuron ``c`` to neuron ``c`` of another layer, so
 both layers take the same permutation. Input and output layers never move; neither do the two
-sides of a grouped (non-depthwise) conv, whose group structure a free permutation would break.
+sides of a grouped (non-depthwise) conv, whose group structure a free permutation would break,
+nor the query / key / value neurons of attention (their head structure is left alone).
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def tied_layer_classes(graph: NeuralGraph) -> tuple[list[int], set[int]]:
         s, d = op["src_layer"], op["dst_layer"]
         if op["relation"] in ("norm", "residual"):
             parent[find(s)] = find(d)
+        elif op["relation"] in ("attn_q", "attn_k", "attn_v"):
+            fixed.add(d)                            # head structure: q/k/v neurons stay put
         elif op["kind"] == "conv" and op.get("groups", 1) > 1:
             if op["weight_shape"][1] == 1 and op["weight_shape"][0] == graph.layer_sizes()[s]:
                 parent[find(s)] = find(d)          # depthwise: channel c -> channel c

@@ -257,3 +257,47 @@ def test_permuted_model_gives_isomorphic_graph(spec, seed):
     np.testing.assert_array_equal(again.bias, permuted_graph.bias)
     if (perm != np.arange(len(perm))).any():
         assert not np.array_equal(again.bias, conv.graph.bias) or np.allclose(conv.graph.bias, 0)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Linear(4, 8)
+        self.att = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.emb(x)
+        a, _ = self.att(h, h, h)
+        return self.head(a + h)
+
+
+class Encoder(nn.Module):
+    def __init__(self, norm_first=False):
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.enc = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, norm_first=norm_first, activation="gelu")
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.enc(self.emb(x)))
+
+
+@pytest.mark.parametrize("make,example", [
+    (SelfAttention, lambda: torch.randn(2, 5, 4)),
+    (lambda: Encoder(False), lambda: torch.randint(0, 20, (2, 5))),
+    (lambda: Encoder(True), lambda: torch.randint(0, 20, (2, 5)))])
+def test_attention_becomes_typed_blocks_and_inverts_exactly(make, example):
+    model = randomize(make())
+    conv = convert_module(model, example())
+    rels = {RELATIONS[r] for r in np.unique(conv.graph.relation)}
+    assert {"attn_q", "attn_k", "attn_v", "attn_o"} <= rels
+    heads = {op.get("heads") for op in conv.plan.ops if op["relation"].startswith("attn")}
+    assert heads == {2}
+    # q, k, v each read all 8 input neurons: 3 * 8 * 8 edges, and o 8 * 8
+    attn_edges = sum(int((conv.graph.relation == RELATIONS.index(r)).sum()) for r in ("attn_q", "attn_k", "attn_v"))
+    assert attn_edges == 3 * 64 and int((conv.graph.relation == RELATIONS.index("attn_o")).sum()) == 64
+    clone = make()
+    clone.load_state_dict(state_dict_from_graph(conv.graph))
+    x = example()
+    assert torch.equal(model(x), clone.eval()(x))
