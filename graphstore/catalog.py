@@ -4,7 +4,7 @@ Layout::
 
     CATALOG/
       parts/<part_id>/{models,architectures,layers,nodes,edges,ingest_errors}.parquet
-      results/<run_id>/{runs,predictions,embeddings}.parquet
+      results/<run_id>/{runs,predictions,embeddings,similarities}.parquet
       artifacts/<run_id>/...            (trained metanetworks)
       graph.lbug                        (the embedded graph store, rebuildable from Parquet)
 
@@ -97,7 +97,7 @@ class Catalog:
         return self._commit(self.results_dir, f"{run_id}-{uuid.uuid4().hex[:6]}", tables)
 
     def files(self, relation: str) -> list[Path]:
-        base = self.results_dir if relation in ("runs", "predictions", "embeddings") else self.parts_dir
+        base = self.results_dir if relation in ("runs", "predictions", "embeddings", "similarities") else self.parts_dir
         if not base.is_dir():
             return []
         return sorted(p for p in base.glob(f"*/{relation}.parquet") if not p.parent.name.startswith("_tmp-"))

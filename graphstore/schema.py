@@ -115,11 +115,19 @@ EMBEDDINGS = pa.schema([
     ("vector", pa.list_(pa.float32())),
 ])
 
+SIMILAR = pa.schema([
+    ("run_id", pa.string()),
+    ("query_id", pa.string()),
+    ("neighbour_id", pa.string()),
+    ("rank", pa.int32()),
+    ("score", pa.float64()),
+])
+
 INGEST_RELATIONS = ("models", "architectures", "layers", "nodes", "edges", "ingest_errors")
-RESULT_RELATIONS = ("runs", "predictions", "embeddings")
+RESULT_RELATIONS = ("runs", "predictions", "embeddings", "similarities")
 FIXED_SCHEMAS = {"architectures": ARCHITECTURES, "layers": LAYERS, "nodes": NODES, "edges": EDGES,
                  "ingest_errors": INGEST_ERRORS, "runs": RUNS, "predictions": PREDICTIONS,
-                 "embeddings": EMBEDDINGS, "models": MODEL_CORE}
+                 "embeddings": EMBEDDINGS, "similarities": SIMILAR, "models": MODEL_CORE}
 
 
 def metadata_type(values: list[Any]) -> pa.DataType:

@@ -17,6 +17,9 @@ LATEST_PREDICTIONS = (  # per model and target, the NG-GNN prediction of the new
     "GROUP BY p.target, p.model_id ORDER BY p.target, p.model_id")
 
 
+SIMILAR_EDGES = "SELECT query_id, neighbour_id, score, run_id FROM similarities ORDER BY run_id, query_id, rank"
+
+
 @dataclass
 class SyncReport:
     store: str
@@ -51,5 +54,10 @@ def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True,
         by_target.setdefault((target, run_id), []).append((model_id, value))
     for (target, run_id), rows in by_target.items():
         store.write_predictions(target, rows, run_id)
+    similar: dict[str, list] = {}
+    for a, b, score, run_id in con.execute(SIMILAR_EDGES).fetchall():
+        similar.setdefault(run_id, []).append((a, b, score))
+    for run_id, pairs in similar.items():
+        store.write_similar(pairs, run_id)
     con.close()
     return SyncReport(store.describe(), n_models, len(architectures), len(preds))

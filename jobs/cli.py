@@ -15,6 +15,8 @@ def main():
     jobs demo                                   zoo -> ingest -> train -> predicted vs true accuracy
     jobs train-heterognn --target test_accuracy --where "zoo = 'cnn'"
     jobs predict --run RUN_ID --where "test_accuracy IS NULL"
+    jobs retrieve MODEL_ID -k 10 --write-back   similar models by embedding
+    jobs classify --run RUN_ID --target dataset  linear probe on frozen embeddings
     """
 
 
@@ -88,6 +90,52 @@ def predict(catalog, run_id, where, device, neo4j_uri, neo4j_user, neo4j_passwor
 
     with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) as store:
         click.echo(run_predict(catalog_dir(catalog), run_id, where, device, store).summary())
+
+
+@main.command()
+@click.argument("model_id")
+@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Neighbours to return.")
+@click.option("--run", "run_id", default=None, help="Run whose embeddings to use (default: the newest with this model).")
+@click.option("--write-back", is_flag=True,
+              help="Store SIMILAR_TO edges in the graph store and the catalog's `similarities` relation.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@catalog_option
+@store_options
+@translate_errors
+def retrieve(model_id, k, run_id, write_back, fmt, catalog, neo4j_uri, neo4j_user, neo4j_password):
+    """The K models whose NG-GNN embeddings are most similar (cosine) to MODEL_ID, with their
+    architecture, accuracy and similarity."""
+    from jobs.analytics import retrieve as run_retrieve
+    from pipeline.config import catalog_dir
+
+    store = open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) if write_back else None
+    try:
+        res = run_retrieve(catalog_dir(catalog), model_id, k, run_id, store)
+    finally:
+        if store is not None:
+            store.close()
+    click.echo(f"nearest to {model_id} (run {res.run_id}):", err=True)
+    if res.warning:
+        click.echo(f"warning: {res.warning}", err=True)
+    click.echo(format_rows(res.columns, res.rows, fmt))
+
+
+@main.command()
+@click.option("--run", "run_id", required=True, help="Run whose (frozen) embeddings to probe.")
+@click.option("--target", required=True, help="Categorical models column: dataset, optimizer, activation, label ...")
+@click.option("--png", "png", type=click.Path(dir_okay=False), default=None,
+              help="Save the confusion matrix here (default: confusion-<target>.png).")
+@catalog_option
+@translate_errors
+def classify(run_id, target, png, catalog):
+    """Linear probe (logistic regression) on a run's frozen embeddings for any categorical
+    column: accuracy, macro-F1 and a confusion matrix, i.e. how well an embedding trained for
+    one task transfers to another."""
+    from jobs.analytics import classify as run_classify
+    from pipeline.config import catalog_dir
+
+    res = run_classify(catalog_dir(catalog), run_id, target, png or f"confusion-{target}.png")
+    click.echo(res.summary())
 
 
 @main.command()

@@ -14,7 +14,7 @@ import pytest
 os.environ.setdefault("DGLBACKEND", "pytorch")
 
 CNN_ZOO_SIZE = 36
-MLP_ZOO_SIZE = 24
+MLP_ZOO_SIZE = 48
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 

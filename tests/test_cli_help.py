@@ -23,7 +23,7 @@ def _commands(group, prefix=()):
 
 @pytest.mark.parametrize("cli,expected", [
     (pipeline_cli, {"zoo", "ingest", "convert", "sql"}), (graphstore_cli, {"sync", "cypher", "queries"}),
-    (jobs_cli, {"train-heterognn", "predict", "demo"})])
+    (jobs_cli, {"train-heterognn", "predict", "demo", "retrieve", "classify"})])
 def test_every_command_has_help(cli, expected):
     assert expected <= set(cli.commands)
     top = CliRunner().invoke(cli, ["--help"])
