@@ -139,11 +139,12 @@ def edge_types(con, ids: Sequence[str]) -> list[CanonicalEtype]:
 
 @dataclass
 class LayerStats:
-    """Per-layer mean/std of biases (by neuron layer) and weights (by operation), training split only."""
+    """One mean/std per layer, training split only: biases by neuron layer; weights by operation
+    and relation (op 3 is batch norm in one architecture and a conv in another: two layers)."""
 
-    bias_mean: np.ndarray
+    bias_mean: np.ndarray            # (L,)
     bias_std: np.ndarray
-    weight_mean: np.ndarray
+    weight_mean: np.ndarray          # (ops, relations)
     weight_std: np.ndarray
 
     def to_dict(self) -> dict:
@@ -153,33 +154,38 @@ class LayerStats:
     def from_dict(cls, d: dict) -> "LayerStats":
         return cls(**{k: np.asarray(v, dtype=np.float64) for k, v in d.items()})
 
+    def bias(self, layer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        i = np.minimum(layer, len(self.bias_mean) - 1)
+        return self.bias_mean[i], self.bias_std[i]
 
-def _table(rows, n=None) -> tuple[np.ndarray, np.ndarray]:
-    size = (max([r[0] for r in rows]) + 1) if rows else 1
-    mean, std = np.zeros(size), np.ones(size)
-    for layer, m, s in rows:
-        mean[layer] = m or 0.0
-        std[layer] = s if s and s > 1e-8 else 1.0
+    def weight(self, op: np.ndarray, relation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        i = np.minimum(op, self.weight_mean.shape[0] - 1)
+        return self.weight_mean[i, relation], self.weight_std[i, relation]
+
+
+def _fill(rows, shape) -> tuple[np.ndarray, np.ndarray]:
+    mean, std = np.zeros(shape), np.ones(shape)
+    for *key, m, s in rows:
+        mean[tuple(key)] = m or 0.0
+        std[tuple(key)] = s if s and s > 1e-8 else 1.0
     return mean, std
 
 
 def layer_stats(con, train_ids: Sequence[str]) -> LayerStats:
-    """One mean/std per layer, never per neuron. Zeros in edge vectors are the kernel frame's
-    padding and are left out (a trained weight of exactly 0.0 is vanishingly rare)."""
+    """Zeros in edge vectors are the kernel frame's padding and are left out (a trained weight of
+    exactly 0.0 is vanishingly rare)."""
     cur = con.cursor()
     _ids_table(cur, train_ids)
     b = cur.execute("SELECT layer, avg(bias), stddev_pop(bias) FROM nodes JOIN _ids USING (model_id) "
                     "WHERE CAST(node_type AS VARCHAR) <> 'input' GROUP BY layer ORDER BY layer").fetchall()
-    w = cur.execute("SELECT layer, avg(x), stddev_pop(x) FROM (SELECT layer, unnest(weight) AS x FROM edges "
-                    "JOIN _ids USING (model_id)) WHERE x <> 0 GROUP BY layer ORDER BY layer").fetchall()
+    w = cur.execute("SELECT layer, CAST(relation AS VARCHAR), avg(x), stddev_pop(x) FROM (SELECT layer, relation, "
+                    "unnest(weight) AS x FROM edges JOIN _ids USING (model_id)) WHERE x <> 0 "
+                    "GROUP BY ALL ORDER BY 1, 2").fetchall()
     cur.close()
-    bm, bs = _table(b)
-    wm, ws = _table(w)
+    bm, bs = _fill(b, (max([r[0] for r in b], default=0) + 1,))
+    w = [(layer, RELATIONS.index(rel), m, sd) for layer, rel, m, sd in w]
+    wm, ws = _fill(w, (max([r[0] for r in w], default=0) + 1, len(RELATIONS)))
     return LayerStats(bm, bs, wm, ws)
-
-
-def _lookup(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    return table[np.minimum(idx, len(table) - 1)]
 
 
 @dataclass
@@ -208,11 +214,13 @@ class ModelArrays:
                    graph.edge_op.astype(np.int64), graph.weight, tuple(graph.kernel_shape))
 
     def normalised_graph(self, stats: LayerStats, frame: tuple[int, int], etypes: Sequence[CanonicalEtype]):
-        bias = (self.bias - _lookup(stats.bias_mean, self.node_layer)) / _lookup(stats.bias_std, self.node_layer)
+        bm, bs = stats.bias(self.node_layer)
+        bias = (self.bias - bm) / bs
         bias[self.node_type == NODE_TYPES.index("input")] = 0.0
         w = reframe(self.weight, self.kernel, frame)
         pad = w == 0
-        w = (w - _lookup(stats.weight_mean, self.edge_layer)[:, None]) / _lookup(stats.weight_std, self.edge_layer)[:, None]
+        wm, ws = stats.weight(self.edge_layer, self.relation.astype(np.int64))
+        w = (w - wm[:, None]) / ws[:, None]
         w[pad] = 0.0
         return build_heterograph(self.node_type, self.node_layer, self.node_position, bias.astype(np.float32),
                                  self.activation, self.src, self.dst, self.relation, w.astype(np.float32), etypes)

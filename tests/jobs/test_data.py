@@ -1,0 +1,54 @@
+"""Selection, splits, per-layer statistics and the streamed arrays, against the catalog itself."""
+import numpy as np
+import pytest
+
+from graphstore import duck
+from jobs.data import GraphStream, hash_split, layer_stats, read_models, select_models
+from pipeline.neural_graph.graph import RELATIONS
+
+
+def test_per_layer_statistics_match_numpy_over_the_training_models(catalog_dir):
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
+    train = sel.ids("train")
+    stats = layer_stats(con, train)
+    kernels = dict(con.execute("SELECT model_id, [kernel_h, kernel_w] FROM models").fetchall())
+    arrays = read_models(con, train, {m: tuple(k) for m, k in kernels.items()})
+    # weights of op 1 that are batch norm, and of op 1 that are conv: separate layers
+    for rel in ("norm", "conv"):
+        r = RELATIONS.index(rel)
+        vals = np.concatenate([a.weight[(a.edge_layer == 1) & (a.relation == r)].ravel() for a in arrays])
+        vals = vals[vals != 0]
+        if len(vals):
+            assert stats.weight_mean[1, r] == pytest.approx(vals.mean(), rel=1e-4)
+            assert stats.weight_std[1, r] == pytest.approx(vals.std(), rel=1e-3)
+    biases = np.concatenate([a.bias[(a.node_layer == 2)] for a in arrays])
+    assert stats.bias_mean[2] == pytest.approx(biases.mean(), rel=1e-4, abs=1e-7)
+    assert stats.bias_mean.ndim == 1 and stats.weight_mean.shape[1] == len(RELATIONS)   # never per neuron
+
+
+def test_split_is_stable_and_roughly_70_15_15():
+    ids = [f"m{i}" for i in range(3000)]
+    splits = [hash_split(m) for m in ids]
+    assert splits == [hash_split(m) for m in ids]
+    frac = {s: splits.count(s) / len(ids) for s in ("train", "val", "test")}
+    assert abs(frac["train"] - 0.7) < 0.03 and abs(frac["test"] - 0.15) < 0.03
+
+
+def test_stream_gives_the_same_graphs_with_and_without_cache(catalog_dir):
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
+    stats = layer_stats(con, sel.ids("train"))
+    idx = list(range(len(sel.model_ids)))
+    cached = GraphStream(con, sel, stats, chunk=8, workers=2)
+    plain = GraphStream(con, sel, stats, chunk=8, workers=3, cache_bytes=0)
+    seen = []
+    for (i1, g1), (i2, g2) in zip(cached.batches(idx, 8), plain.batches(idx, 8)):
+        assert list(i1) == list(i2)
+        for a, b in zip(g1, g2):
+            for et in a.canonical_etypes:
+                assert np.array_equal(a.edges[et].data["w"].numpy(), b.edges[et].data["w"].numpy())
+        seen += list(i1)
+    assert seen == idx
+    again = [i for batch, _ in cached.batches(idx, 8, shuffle=True, seed=1) for i in batch]
+    assert sorted(again) == idx and again != idx
