@@ -59,10 +59,14 @@ def run_statnn(con, sel: Selection, seed: int = 0) -> BaselineResult:
     train = sel.mask("train")
     # layers that (almost) no training model has carry no signal and break the binning
     x = x[:, np.isfinite(x[train]).sum(0) >= 2]
+    # the default leaf of 20 samples leaves a small zoo no split at all (a constant prediction)
+    leaf = int(min(20, max(2, train.sum() // 10)))
     if sel.task == "regression":
-        est = HistGradientBoostingRegressor(max_iter=300, learning_rate=0.05, random_state=seed)
+        est = HistGradientBoostingRegressor(max_iter=300, learning_rate=0.05, min_samples_leaf=leaf,
+                                            random_state=seed)
     else:
-        est = HistGradientBoostingClassifier(max_iter=300, learning_rate=0.05, random_state=seed)
+        est = HistGradientBoostingClassifier(max_iter=300, learning_rate=0.05, min_samples_leaf=leaf,
+                                             random_state=seed)
     est.fit(x[train], sel.targets[train])
     return BaselineResult("statnn", est.predict(x).astype(np.float64), np.ones(len(x), bool))
 

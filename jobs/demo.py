@@ -42,3 +42,22 @@ def run_demo(workdir: str | Path = "demo", n: int = 160, epochs: int = 30, seed:
     rows = con.execute(PREDICTED_VS_TRUE, [run.run_id]).fetchall()
     con.close()
     return DemoReport(zoo, ingest, run, rows)
+
+
+def small_catalog(workdir: str | Path, kind: str = "cnn", n: int = 48, target: str = "test_accuracy",
+                  epochs: int = 10, seed: int = 0) -> tuple[Path, str]:
+    """A small zoo made on the spot, ingested (with the embedded graph store) and trained on:
+    (catalog folder, run id). Reused when ``workdir`` already holds one for ``kind``/``target``."""
+    workdir = Path(workdir)
+    catalog = Catalog(workdir / f"catalog-{kind}")
+    marker = workdir / f"run-{kind}-{target}.txt"
+    if marker.exists() and catalog.exists():
+        return catalog.root, marker.read_text().strip()
+    make_zoo(kind, workdir / f"zoo-{kind}", n=n, seed=seed, workers=2, progress=False)
+    with open_store(catalog.root, use_env=False) as store:
+        ingest_zoo(workdir / f"zoo-{kind}", catalog, store=store, zoo_name=kind, progress=False)
+        run = train_heterognn(catalog, TrainConfig(target=target, epochs=epochs, batch_size=8, hidden=32,
+                                                   edge_hidden=16, layers=2, patience=epochs, seed=seed),
+                              store=store, progress=False)
+    marker.write_text(run.run_id)
+    return catalog.root, run.run_id
