@@ -213,7 +213,10 @@ class ModelArrays:
                    graph.node_activation_codes(), graph.src, graph.dst, graph.relation,
                    graph.edge_op.astype(np.int64), graph.weight, tuple(graph.kernel_shape))
 
-    def normalised_graph(self, stats: LayerStats, frame: tuple[int, int], etypes: Sequence[CanonicalEtype]):
+    def normalised_graph(self, stats: LayerStats, frame: tuple[int, int], etypes: Sequence[CanonicalEtype],
+                         raw: bool = False):
+        """The DGL graph with per-layer normalised features; ``raw`` also keeps the raw scalar
+        weights and biases that probe features need (1x1 edges only)."""
         bm, bs = stats.bias(self.node_layer)
         bias = (self.bias - bm) / bs
         bias[self.node_type == NODE_TYPES.index("input")] = 0.0
@@ -222,8 +225,15 @@ class ModelArrays:
         wm, ws = stats.weight(self.edge_layer, self.relation.astype(np.int64))
         w = (w - wm[:, None]) / ws[:, None]
         w[pad] = 0.0
+        extra = {}
+        if raw:
+            if self.kernel != (1, 1):
+                raise JobError(f"model {self.model_id}: probe features need 1x1 edges (MLP / INR zoos), "
+                               f"this graph has {self.kernel[0]}x{self.kernel[1]} kernels")
+            extra = {"raw_bias": self.bias, "raw_weight": self.weight[:, 0]}
         return build_heterograph(self.node_type, self.node_layer, self.node_position, bias.astype(np.float32),
-                                 self.activation, self.src, self.dst, self.relation, w.astype(np.float32), etypes)
+                                 self.activation, self.src, self.dst, self.relation, w.astype(np.float32), etypes,
+                                 **extra)
 
 
 def _codes(col: pa.ChunkedArray | pa.Array, names: Sequence[str]) -> np.ndarray:
@@ -294,8 +304,8 @@ class GraphStream:
     """
 
     def __init__(self, con, selection: Selection, stats: LayerStats, chunk: int = 64, workers: int = 2,
-                 prefetch: int = 4, cache_bytes: int = 2 << 30):
-        self.con, self.sel, self.stats = con, selection, stats
+                 prefetch: int = 4, cache_bytes: int = 2 << 30, raw: bool = False):
+        self.con, self.sel, self.stats, self.raw = con, selection, stats, raw
         self.chunk, self.workers, self.prefetch = chunk, workers, prefetch
         self.cache_bytes = cache_bytes
         self._cache: dict[int, object] = {}
@@ -311,7 +321,7 @@ class GraphStream:
             ids = [self.sel.model_ids[i] for i in missing]
             arrays = read_models(self.con, ids, {m: tuple(self.kernels[m]) for m in ids})
             for i, arr in zip(missing, arrays):
-                g = arr.normalised_graph(self.stats, self.sel.frame, self.sel.etypes)
+                g = arr.normalised_graph(self.stats, self.sel.frame, self.sel.etypes, raw=self.raw)
                 graphs[i] = g
                 size = arr.weight.nbytes * 2 + arr.src.nbytes * 4 + arr.bias.nbytes * 8
                 with self._lock:

@@ -58,7 +58,8 @@ def with_reverses(forward: Iterable[CanonicalEtype]) -> list[CanonicalEtype]:
 def build_heterograph(node_type: np.ndarray, node_layer: np.ndarray, node_position: np.ndarray,
                       bias: np.ndarray, node_activation: np.ndarray, src: np.ndarray, dst: np.ndarray,
                       relation: np.ndarray, weight: np.ndarray,
-                      etypes: Sequence[CanonicalEtype] | None = None) -> dgl.DGLHeteroGraph:
+                      etypes: Sequence[CanonicalEtype] | None = None, raw_bias: np.ndarray | None = None,
+                      raw_weight: np.ndarray | None = None) -> dgl.DGLHeteroGraph:
     """Build one neural graph as a DGL heterograph.
 
     Args:
@@ -67,6 +68,8 @@ def build_heterograph(node_type: np.ndarray, node_layer: np.ndarray, node_positi
         src, dst, relation: (E,) edge arrays over global node indices.
         weight: (E, F) edge features, already in the shared frame.
         etypes: the canonical edge types to create (with reverses), default those present.
+        raw_bias, raw_weight: (N,), (E,) un-normalised values, stored as ``bias_raw`` / ``w_raw``
+            for probe features (which run the network on the graph).
     Returns:
         a heterograph; ndata ``bias`` (float), ``layer``, ``position``, ``activation``, ``nid``;
         edata ``w`` (E_t, F) on forward and reverse types alike.
@@ -80,7 +83,7 @@ def build_heterograph(node_type: np.ndarray, node_layer: np.ndarray, node_positi
         local[mask] = np.arange(int(mask.sum()))
         counts[name] = int(mask.sum())
     rel_index = {r: i for i, r in enumerate(RELATIONS)}
-    data, feats = {}, {}
+    data, feats, raws = {}, {}, {}
     fdim = weight.shape[1]
     for et in etypes:
         s, r, d = et
@@ -94,12 +97,16 @@ def build_heterograph(node_type: np.ndarray, node_layer: np.ndarray, node_positi
             u, v = v, u
         data[et] = (torch.from_numpy(u), torch.from_numpy(v))
         feats[et] = torch.from_numpy(np.ascontiguousarray(weight[mask], dtype=np.float32)).reshape(-1, fdim)
+        if raw_weight is not None:
+            raws[et] = torch.from_numpy(np.ascontiguousarray(raw_weight[mask], dtype=np.float32))
     missing = canonical_etypes_of(node_type, src, dst, relation) - set(etypes)
     if missing:
         raise ValueError(f"edge types {sorted(missing)} are not in the shared edge-type list")
     g = dgl.heterograph(data, num_nodes_dict=counts)
     for et, f in feats.items():
         g.edges[et].data["w"] = f
+        if et in raws:
+            g.edges[et].data["w_raw"] = raws[et]
     for code, name in enumerate(NODE_TYPES):
         mask = node_type == code
         g.nodes[name].data["bias"] = torch.from_numpy(bias[mask].astype(np.float32))
@@ -107,6 +114,8 @@ def build_heterograph(node_type: np.ndarray, node_layer: np.ndarray, node_positi
         g.nodes[name].data["position"] = torch.from_numpy(node_position[mask].astype(np.int64))
         g.nodes[name].data["activation"] = torch.from_numpy(node_activation[mask].astype(np.int64))
         g.nodes[name].data["nid"] = torch.from_numpy(np.nonzero(mask)[0].astype(np.int64))
+        if raw_bias is not None:
+            g.nodes[name].data["bias_raw"] = torch.from_numpy(raw_bias[mask].astype(np.float32))
     return g
 
 

@@ -5,7 +5,7 @@ aggregated PNA-style (mean, max, std, each with identity / amplification / atten
 scalers); relation outputs are summed per destination node type. Every layer also updates the
 edge features, ``e' = e + phi(e, h_src, h_dst)``. Node features start from the normalised bias,
 an activation embedding, a positional embedding (shared by the hidden neurons of one layer, one
-per position for input and output neurons) and, optionally, probe activations. The readout
+per position for input and output neurons) and, optionally, probe activations (jobs.probes). The readout
 (mean and max per node type) is invariant to hidden-neuron permutations; node embeddings are
 equivariant.
 """
@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from jobs.heterograph import CanonicalEtype
+from jobs.probes import ProbeFeatures
 from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES
 
 
@@ -130,6 +131,7 @@ class NGGNN(nn.Module):
         self.cfg = cfg
         H = cfg.hidden
         self.bias_in = nn.Linear(1 + cfg.probes, H)
+        self.probes = ProbeFeatures(cfg.probes) if cfg.probes else None
         self.act_emb = nn.Embedding(len(ACTIVATIONS), H)
         self.type_emb = nn.Embedding(len(NODE_TYPES), H)
         self.layer_emb = nn.Embedding(cfg.max_layers, H)            # hidden neurons: one per layer
@@ -161,22 +163,22 @@ class NGGNN(nn.Module):
             h[t] = z
         return h
 
-    def _propagate(self, g, probe_features=None):
-        h = self.encode_nodes(g, probe_features)
+    def _propagate(self, g):
+        h = self.encode_nodes(g, self.probes(g) if self.probes is not None else None)
         e = {et: self.edge_in(g.edges[et].data["w"]) + self.rel_emb[_key(et)] for et in self.cfg.etypes
              if et in g.canonical_etypes}
         for layer in self.layers:
             h, e = layer(g, h, e)
         return h, e
 
-    def node_embeddings(self, g, probe_features=None) -> dict[str, torch.Tensor]:
+    def node_embeddings(self, g) -> dict[str, torch.Tensor]:
         """Equivariant node embeddings after all layers."""
-        return self._propagate(g, probe_features)[0]
+        return self._propagate(g)[0]
 
-    def embed(self, g, probe_features=None) -> torch.Tensor:
+    def embed(self, g) -> torch.Tensor:
         """Invariant graph embeddings (B, readout_dim): mean and max of node embeddings per node
         type, and the mean of the final edge features per forward relation."""
-        h, e = self._propagate(g, probe_features)
+        h, e = self._propagate(g)
         parts = []
         with g.local_scope():
             for t in NODE_TYPES:
@@ -190,6 +192,6 @@ class NGGNN(nn.Module):
                 parts.append(total / count)
         return torch.cat(parts, -1)
 
-    def forward(self, g, probe_features=None) -> tuple[torch.Tensor, torch.Tensor]:
-        z = self.embed(g, probe_features)
+    def forward(self, g) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.embed(g)
         return self.head(z), z

@@ -28,6 +28,7 @@ from graphstore.schema import EMBEDDINGS, PREDICTIONS, RUNS
 from jobs.baselines import run_flat_mlp, run_statnn
 from jobs.data import GraphStream, LayerStats, Selection, layer_stats, select_models
 from jobs.ngnn import NGGNN, NGGNNConfig
+from jobs.probes import check_probe_graph
 from pipeline.errors import JobError
 
 
@@ -45,6 +46,7 @@ class TrainConfig:
     edge_hidden: int = 32
     layers: int = 3
     dropout: float = 0.0
+    probes: int = 0                    # learned probe inputs whose activations join node features
     patience: int = 8
     seed: int = 0
     device: str = "cpu"
@@ -148,7 +150,9 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     if counts["train"] < 2 or counts["test"] < 1:
         raise JobError(f"too few models to train and test: {counts}")
     stats = layer_stats(con, sel.ids("train"))
-    stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers)
+    if cfg.probes:
+        check_probe_graph(sel.etypes)
+    stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers, raw=bool(cfg.probes))
     train_idx = np.nonzero(sel.mask("train"))[0]
     val_idx = np.nonzero(sel.mask("val"))[0]
     if sel.task == "regression":
@@ -157,7 +161,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         mean, std = 0.0, 1.0
     out_dim = 1 if sel.task == "regression" else len(sel.classes)
     mcfg = NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=out_dim, hidden=cfg.hidden,
-                       edge_hidden=cfg.edge_hidden, layers=cfg.layers, dropout=cfg.dropout)
+                       edge_hidden=cfg.edge_hidden, layers=cfg.layers, dropout=cfg.dropout, probes=cfg.probes)
     model = NGGNN(mcfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs, eta_min=cfg.lr * 0.05)
@@ -305,7 +309,9 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     if unknown:
         raise JobError(f"these models have edge types the metanetwork never saw: {sorted(unknown)}")
     sel.frame, sel.etypes = frame, list(model.cfg.etypes)
-    stream = GraphStream(con, sel, LayerStats.from_dict(meta["stats"]))
+    if model.cfg.probes:
+        check_probe_graph(sel.etypes)
+    stream = GraphStream(con, sel, LayerStats.from_dict(meta["stats"]), raw=bool(model.cfg.probes))
     out, emb = infer(model, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device))
     pred = _decode(meta["task"], out, meta["target_mean"], meta["target_std"])
     known = ~np.isnan(sel.targets.astype(float)) if sel.task == "regression" else sel.targets >= 0

@@ -1,0 +1,57 @@
+"""Probe features run the network on its graph: exact for MLPs, equivariant, trainable."""
+import numpy as np
+import pytest
+import torch
+
+from jobs.data import LayerStats, ModelArrays
+from jobs.heterograph import canonical_etypes_of, with_reverses
+from jobs.ngnn import NGGNN, NGGNNConfig
+from jobs.probes import ProbeFeatures
+from jobs.train import TrainConfig, train_heterognn
+from pipeline.errors import JobError
+from pipeline.neural_graph.convert import convert_checkpoint
+from pipeline.neural_graph.graph import RELATIONS
+from pipeline.neural_graph.symmetry import random_hidden_permutation
+from pipeline.spec import build_module
+
+IDENTITY = LayerStats(np.zeros(1), np.ones(1), np.zeros((1, len(RELATIONS))), np.ones((1, len(RELATIONS))))
+
+
+def _graph(ng, raw=True):
+    etypes = with_reverses(canonical_etypes_of(ng.node_type, ng.src, ng.dst, ng.relation))
+    return ModelArrays.from_graph("m", ng).normalised_graph(IDENTITY, (1, 1), etypes, raw=raw), etypes
+
+
+def test_probe_activations_are_the_networks_own_outputs(mlp_zoo):
+    ckpt = sorted(mlp_zoo.glob("*.safetensors"))[0]
+    conv = convert_checkpoint(ckpt)
+    g, _ = _graph(conv.graph)
+    probes = ProbeFeatures(3)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        probes.inputs[:4] = x.T                      # probe j feeds input i with x[j, i]
+        feats = probes(g)["output"]                  # (10 outputs, 3 probes), squashed
+    values = torch.sign(feats) * torch.expm1(feats.abs())
+    model = build_module(conv.spec)
+    model.load_state_dict(conv.state)
+    torch.testing.assert_close(values.T, model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_probe_features_permute_with_the_neurons(mlp_zoo):
+    conv = convert_checkpoint(sorted(mlp_zoo.glob("*.safetensors"))[1])
+    perm = random_hidden_permutation(conv.graph, np.random.default_rng(0))
+    g0, etypes = _graph(conv.graph)
+    g1, _ = _graph(conv.graph.permuted(perm))
+    model = NGGNN(NGGNNConfig(etypes=etypes, edge_in=1, out_dim=1, hidden=16, edge_hidden=8, layers=2, probes=4)).eval()
+    with torch.no_grad():
+        (o0, z0), (o1, z1) = model(g0), model(g1)
+    assert torch.allclose(o0, o1, rtol=1e-5, atol=1e-6) and torch.allclose(z0, z1, rtol=1e-5, atol=1e-6)
+
+
+def test_training_with_probes_and_refusal_on_cnns(catalog_copy):
+    report = train_heterognn(catalog_copy, TrainConfig(target="dataset", where="zoo = 'mlp'", probes=4, epochs=2,
+                                                      batch_size=8, hidden=16, edge_hidden=8, layers=2),
+                             progress=False)
+    assert 0 <= report.metrics["ngnn"]["accuracy"] <= 1
+    with pytest.raises(JobError, match="probe features"):
+        train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", probes=4, epochs=1), progress=False)
