@@ -20,7 +20,7 @@ import pyarrow as pa
 from graphstore import duck
 from graphstore.catalog import Catalog
 from graphstore.sql import check_readonly
-from jobs.heterograph import CanonicalEtype, build_heterograph, reframe, with_reverses
+from pipeline.neural_graph.heterograph import CanonicalEtype, build_heterograph, reframe, with_reverses
 from pipeline.errors import JobError
 from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES, RELATIONS
 
@@ -311,7 +311,6 @@ class GraphStream:
         self._cache: dict[int, object] = {}
         self._cached_bytes = 0
         self._lock = threading.Lock()
-        con.execute("SELECT 1")
         self.kernels = dict(con.execute("SELECT model_id, [kernel_h, kernel_w] FROM models").fetchall())
 
     def _build(self, indices: Sequence[int]) -> list:

@@ -19,7 +19,7 @@ import dgl.function as fn
 import torch
 from torch import nn
 
-from jobs.heterograph import CanonicalEtype
+from pipeline.neural_graph.heterograph import CanonicalEtype
 from jobs.probes import ProbeFeatures
 from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES
 
@@ -122,7 +122,7 @@ class NGGNN(nn.Module):
     """The metanetwork: node/edge encoders, ``layers`` RelationalPNALayers, invariant readout, head.
 
     Shapes:
-        input: a batched heterograph (see jobs.heterograph) with ndata bias/layer/position/
+        input: a batched heterograph (pipeline.neural_graph.heterograph) with ndata bias/layer/position/
         activation and edata w (E_t, edge_in); output: (B, out_dim), embeddings (B, 6*hidden).
     """
 

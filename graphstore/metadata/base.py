@@ -13,7 +13,6 @@ query parameters; the only names put into query text are property names, which m
 """
 from __future__ import annotations
 
-import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -67,11 +66,6 @@ def layer_rows(architectures: Sequence[dict], layers: Sequence[dict]) -> tuple[l
     architecture supplies its layers. FEEDS joins operation i to j when j reads the neuron layer
     that i writes.
     """
-    arch_of: dict[str, str] = {}
-    for a in architectures:
-        plan = json.loads(a["plan_json"]) if a.get("plan_json") else None
-        if plan is not None:
-            arch_of.setdefault(a["architecture_id"], a["architecture_id"])
     by_arch: dict[str, list[dict]] = {}
     model_arch = {row["model_id"]: row["architecture_id"] for row in layers if "architecture_id" in row}
     for row in layers:

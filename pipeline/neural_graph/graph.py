@@ -123,7 +123,7 @@ class NeuralGraph:
         Node data: ``bias``, ``layer``, ``position``, ``activation`` (code), ``nid`` (index in
         this graph). Edge data: ``w`` (E_t, Kh*Kw).
         """
-        from jobs.heterograph import neural_graph_to_dgl  # one place for DGL conversion
+        from pipeline.neural_graph.heterograph import neural_graph_to_dgl  # one place for DGL conversion
 
         return neural_graph_to_dgl(self)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from jobs.data import LayerStats, ModelArrays
-from jobs.heterograph import canonical_etypes_of, with_reverses
+from pipeline.neural_graph.heterograph import canonical_etypes_of, with_reverses
 from jobs.ngnn import NGGNN, NGGNNConfig
 from jobs.probes import ProbeFeatures
 from jobs.train import TrainConfig, train_heterognn
