@@ -43,6 +43,8 @@ def _device_option(fn):
 @click.option("--probes", type=click.IntRange(min=0), default=0, show_default=True,
               help="Learned probe inputs whose per-neuron activations join the node features "
                    "(MLP / INR zoos: graphs of linear and residual edges).")
+@click.option("--ensemble", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Train K metanetworks (seeds SEED..SEED+K-1) and average their predictions.")
 @click.option("--patience", type=click.IntRange(min=1), default=8, show_default=True,
               help="Early stopping: epochs without a better validation score.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -53,7 +55,7 @@ def _device_option(fn):
 @store_options
 @translate_errors
 def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batch_size, lr, hidden, layers,
-                        probes, patience, seed, loader_workers, no_baselines, device, neo4j_uri, neo4j_user,
+                        probes, ensemble, patience, seed, loader_workers, no_baselines, device, neo4j_uri, neo4j_user,
                         neo4j_password):
     """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
     metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings."""
@@ -62,7 +64,8 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batc
     from pipeline.errors import ZooGraphError
 
     cfg = TrainConfig(target=target, where=where, task=task, split_column=split_column, epochs=epochs,
-                      batch_size=batch_size, lr=lr, hidden=hidden, layers=layers, probes=probes, patience=patience,
+                      batch_size=batch_size, lr=lr, hidden=hidden, layers=layers, probes=probes, ensemble=ensemble,
+                      patience=patience,
                       seed=seed,
                       device=device, loader_workers=loader_workers, baselines=not no_baselines)
     try:

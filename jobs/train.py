@@ -47,6 +47,7 @@ class TrainConfig:
     layers: int = 3
     dropout: float = 0.0
     probes: int = 0                    # learned probe inputs whose activations join node features
+    ensemble: int = 1                  # metanetworks trained with seeds seed..seed+K-1, outputs averaged
     patience: int = 8
     seed: int = 0
     device: str = "cpu"
@@ -135,45 +136,22 @@ def _decode(task: str, out: np.ndarray, mean: float, std: float) -> np.ndarray:
     return out[:, 0] * std + mean if task == "regression" else out.argmax(1).astype(np.float64)
 
 
-def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progress: bool = True) -> RunReport:
-    """Train NG-GNN on the catalog's selected models; see the module docstring."""
-    started = time.perf_counter()
-    catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
-    torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    device = torch.device(cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise JobError("--device cuda was asked for, but torch sees no CUDA device")
-    con = duck.connect(catalog)
-    sel = select_models(con, cfg.target, cfg.where, cfg.task, cfg.split_column)
-    counts = {s: int(sel.mask(s).sum()) for s in ("train", "val", "test")}
-    if counts["train"] < 2 or counts["test"] < 1:
-        raise JobError(f"too few models to train and test: {counts}")
-    stats = layer_stats(con, sel.ids("train"))
-    if cfg.probes:
-        check_probe_graph(sel.etypes)
-    stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers, raw=bool(cfg.probes))
-    train_idx = np.nonzero(sel.mask("train"))[0]
-    val_idx = np.nonzero(sel.mask("val"))[0]
-    if sel.task == "regression":
-        mean, std = float(np.mean(sel.targets[train_idx])), float(np.std(sel.targets[train_idx]) or 1.0)
-    else:
-        mean, std = 0.0, 1.0
-    out_dim = 1 if sel.task == "regression" else len(sel.classes)
-    mcfg = NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=out_dim, hidden=cfg.hidden,
-                       edge_hidden=cfg.edge_hidden, layers=cfg.layers, dropout=cfg.dropout, probes=cfg.probes)
+def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, stream: GraphStream, train_idx, val_idx,
+             mean: float, std: float, device, progress: bool, desc: str):
+    """Train one metanetwork with early stopping on the validation split."""
+    loss_fn = _loss_fn(sel.task)
+    torch.manual_seed(seed)
     model = NGGNN(mcfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs, eta_min=cfg.lr * 0.05)
-    loss_fn = _loss_fn(sel.task)
     best, best_state, bad, history = -math.inf, None, 0, []
-    bar = tqdm(range(cfg.epochs), desc="train NG-GNN", unit="epoch", disable=not progress)
+    bar = tqdm(range(cfg.epochs), desc=desc, unit="epoch", disable=not progress)
     epochs_run = 0
     for epoch in bar:
         model.train()
         total, n = 0.0, 0
         for b, (idx, graphs) in enumerate(stream.batches(train_idx, cfg.batch_size, shuffle=True,
-                                                         seed=cfg.seed + epoch)):
+                                                         seed=seed + epoch)):
             if cfg.max_train_batches is not None and b >= cfg.max_train_batches:
                 break
             out, _ = model(_batch(graphs, device))
@@ -201,8 +179,58 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     bar.close()
     if best_state is not None:
         model.load_state_dict(best_state)
+    return model, history, epochs_run
+
+
+def infer_ensemble(models: list[NGGNN], stream: GraphStream, indices, batch_size: int, device,
+                   task: str) -> tuple[np.ndarray, np.ndarray]:
+    """Averaged outputs (regression: mean; classification: log of the mean softmax) and the
+    members' embeddings side by side (still invariant)."""
+    outs, embs = zip(*(infer(m, stream, indices, batch_size, device) for m in models))
+    if task == "regression":
+        out = np.mean(outs, axis=0)
+    else:
+        probs = [np.exp(o - o.max(1, keepdims=True)) for o in outs]
+        out = np.log(np.mean([p / p.sum(1, keepdims=True) for p in probs], axis=0))
+    return out, np.concatenate(embs, axis=1)
+
+
+def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progress: bool = True) -> RunReport:
+    """Train NG-GNN on the catalog's selected models; see the module docstring."""
+    started = time.perf_counter()
+    catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise JobError("--device cuda was asked for, but torch sees no CUDA device")
+    con = duck.connect(catalog)
+    sel = select_models(con, cfg.target, cfg.where, cfg.task, cfg.split_column)
+    counts = {s: int(sel.mask(s).sum()) for s in ("train", "val", "test")}
+    if counts["train"] < 2 or counts["test"] < 1:
+        raise JobError(f"too few models to train and test: {counts}")
+    stats = layer_stats(con, sel.ids("train"))
+    if cfg.probes:
+        check_probe_graph(sel.etypes)
+    stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers, raw=bool(cfg.probes))
+    train_idx = np.nonzero(sel.mask("train"))[0]
+    val_idx = np.nonzero(sel.mask("val"))[0]
+    if sel.task == "regression":
+        mean, std = float(np.mean(sel.targets[train_idx])), float(np.std(sel.targets[train_idx]) or 1.0)
+    else:
+        mean, std = 0.0, 1.0
+    out_dim = 1 if sel.task == "regression" else len(sel.classes)
+    mcfg = NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=out_dim, hidden=cfg.hidden,
+                       edge_hidden=cfg.edge_hidden, layers=cfg.layers, dropout=cfg.dropout, probes=cfg.probes)
+    models, history, epochs_run = [], [], 0
+    for k in range(cfg.ensemble):
+        model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, mean, std, device,
+                                    progress, f"train NG-GNN {k + 1}/{cfg.ensemble}" if cfg.ensemble > 1 else "train NG-GNN")
+        models.append(model)
+        history += [dict(h, member=k) for h in hist]
+        epochs_run = max(epochs_run, ran)
     all_idx = np.arange(len(sel.model_ids))
-    out, emb = infer(model, stream, all_idx, cfg.batch_size, device)
+    out, emb = infer_ensemble(models, stream, all_idx, cfg.batch_size, device, sel.task)
     pred = _decode(sel.task, out, mean, std)
     test = sel.mask("test")
     results = {"ngnn": pred}
@@ -215,7 +243,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
                                   **({"note": base.note} if base.note else {})}
     con.close()
     run_id = f"run-{now_utc():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    artifact = save_metanetwork(catalog, run_id, model, sel, stats, mean, std, cfg)
+    artifact = save_metanetwork(catalog, run_id, models, sel, stats, mean, std, cfg)
     report = RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
                        artifact=artifact, history=history)
     write_run(catalog, run_id, cfg, sel, results, emb, metrics, artifact)
@@ -260,26 +288,32 @@ def write_run(catalog: Catalog, run_id: str, cfg: TrainConfig | dict, sel: Selec
     catalog.commit_results(run_id, {"runs": runs, "predictions": preds, "embeddings": embeddings})
 
 
-def save_metanetwork(catalog: Catalog, run_id: str, model: NGGNN, sel: Selection, stats: LayerStats,
+def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Selection, stats: LayerStats,
                      mean: float, std: float, cfg: TrainConfig) -> Path:
+    """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.pt`` state dict per member and ``metanet.json``."""
     folder = catalog.artifacts_dir / run_id
     folder.mkdir(parents=True, exist_ok=True)
-    meta = {"model": model.cfg.to_dict(), "stats": stats.to_dict(), "target_mean": mean, "target_std": std,
-            "task": sel.task, "target": sel.target, "classes": sel.classes, "frame": list(sel.frame),
-            "train": asdict(cfg)}
-    torch.save({k: v.cpu() for k, v in model.state_dict().items()}, folder / "metanet.pt")
+    meta = {"model": models[0].cfg.to_dict(), "members": len(models), "stats": stats.to_dict(),
+            "target_mean": mean, "target_std": std, "task": sel.task, "target": sel.target,
+            "classes": sel.classes, "frame": list(sel.frame), "train": asdict(cfg)}
+    for k, model in enumerate(models):
+        torch.save({key: v.cpu() for key, v in model.state_dict().items()}, folder / f"metanet-{k}.pt")
     (folder / "metanet.json").write_text(json.dumps(meta, indent=1, default=str))
     return folder
 
 
-def load_metanetwork(catalog: Catalog, run_id: str, device: str = "cpu") -> tuple[NGGNN, dict]:
+def load_metanetwork(catalog: Catalog, run_id: str, device: str = "cpu") -> tuple[list[NGGNN], dict]:
+    """The trained members of a run (weights loaded with ``weights_only=True``) and its metadata."""
     folder = catalog.artifacts_dir / run_id
-    if not (folder / "metanet.pt").exists():
+    if not (folder / "metanet.json").exists():
         raise JobError(f"no trained metanetwork for run {run_id!r} in {catalog.artifacts_dir}")
     meta = json.loads((folder / "metanet.json").read_text())
-    model = NGGNN(NGGNNConfig.from_dict(meta["model"]))
-    model.load_state_dict(torch.load(folder / "metanet.pt", map_location="cpu", weights_only=True))
-    return model.to(device).eval(), meta
+    models = []
+    for k in range(meta.get("members", 1)):
+        model = NGGNN(NGGNNConfig.from_dict(meta["model"]))
+        model.load_state_dict(torch.load(folder / f"metanet-{k}.pt", map_location="cpu", weights_only=True))
+        models.append(model.to(device).eval())
+    return models, meta
 
 
 @dataclass
@@ -298,7 +332,8 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
             batch_size: int = 64) -> PredictReport:
     """Apply a trained metanetwork to the models matching ``where`` (targets need not be known)."""
     catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
-    model, meta = load_metanetwork(catalog, run_id, device)
+    models, meta = load_metanetwork(catalog, run_id, device)
+    model = models[0]
     con = duck.connect(catalog)
     sel = select_models(con, meta["target"], where, meta["task"], classes=meta["classes"] or None,
                         require_target=False)
@@ -312,7 +347,8 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     if model.cfg.probes:
         check_probe_graph(sel.etypes)
     stream = GraphStream(con, sel, LayerStats.from_dict(meta["stats"]), raw=bool(model.cfg.probes))
-    out, emb = infer(model, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device))
+    out, emb = infer_ensemble(models, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device),
+                              meta["task"])
     pred = _decode(meta["task"], out, meta["target_mean"], meta["target_std"])
     known = ~np.isnan(sel.targets.astype(float)) if sel.task == "regression" else sel.targets >= 0
     metrics = metrics_for(sel.task, sel.targets[known], pred[known]) if known.sum() >= 2 else {}

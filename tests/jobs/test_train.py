@@ -36,7 +36,7 @@ def test_run_reports_and_writes_results(trained):
     n = con.execute("SELECT count(*) FROM models WHERE zoo = 'cnn'").fetchone()[0]
     assert con.execute("SELECT count(*) FROM predictions WHERE run_id = ? AND method = 'ngnn'",
                        [report.run_id]).fetchone()[0] == n
-    width = load_metanetwork(Catalog(root), report.run_id)[0].readout_dim
+    width = load_metanetwork(Catalog(root), report.run_id)[0][0].readout_dim
     assert con.execute("SELECT count(*), min(len(vector)), max(len(vector)) FROM embeddings WHERE run_id = ?",
                        [report.run_id]).fetchone() == (n, width, width)
     metrics = json.loads(con.execute("SELECT metrics_json FROM runs WHERE run_id = ?", [report.run_id]).fetchone()[0])
@@ -84,7 +84,8 @@ def test_bad_requests_are_clear(catalog_dir):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_predictions_are_invariant_and_node_embeddings_equivariant(trained, cnn_zoo, seed):
     root, report = trained
-    model, meta = load_metanetwork(Catalog(root), report.run_id)
+    models, meta = load_metanetwork(Catalog(root), report.run_id)
+    model = models[0]
     stats = LayerStats.from_dict(meta["stats"])
     frame, etypes = tuple(meta["frame"]), model.cfg.etypes
     ckpt = sorted(cnn_zoo.glob("*.safetensors"))[seed * 5]
@@ -104,3 +105,20 @@ def test_predictions_are_invariant_and_node_embeddings_equivariant(trained, cnn_
     moved = torch.as_tensor(perm[hidden] - n_in)
     assert rel(h1[moved], h0[torch.as_tensor(hidden - n_in)]) < 1e-5
     assert rel(h1, h0) > 1e-3     # the embeddings really moved with the neurons
+
+
+def test_an_ensemble_averages_its_members(catalog_copy):
+    report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", ensemble=2, **FAST), progress=False)
+    models, meta = load_metanetwork(Catalog(catalog_copy), report.run_id)
+    assert len(models) == meta["members"] == 2
+    assert {h["member"] for h in report.history} == {0, 1}
+    con = duck.connect(catalog_copy)
+    width = con.execute("SELECT max(len(vector)) FROM embeddings WHERE run_id = ?", [report.run_id]).fetchone()[0]
+    assert width == 2 * models[0].readout_dim
+    res = predict(catalog_copy, report.run_id, where="zoo = 'cnn'")
+    mine = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = 'ngnn'",
+                            [report.run_id]).fetchall())
+    con = duck.connect(catalog_copy)
+    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE starts_with(run_id, ?)",
+                             [report.run_id + "-predict-"]).fetchall())
+    assert res.n == len(mine) and all(abs(again[m] - v) < 1e-5 for m, v in mine.items())
