@@ -10,10 +10,12 @@ from graphstore.metadata.base import MetadataStore
 ONE_MODEL_PER_ARCHITECTURE = (
     "SELECT l.*, r.architecture_id FROM layers l JOIN "
     "(SELECT architecture_id, min(model_id) AS model_id FROM models GROUP BY architecture_id) r USING (model_id)")
-LATEST_PREDICTIONS = (  # per model and target, the NG-GNN prediction of the newest regression run
-    "SELECT p.target, p.model_id, arg_max(p.predicted, r.created_at), arg_max(p.run_id, r.created_at) "
+LATEST_PREDICTIONS = (  # per model and target, the NG-GNN prediction of the newest run (label for classification)
+    "SELECT p.target, p.model_id, "
+    "arg_max(CASE WHEN r.task = 'regression' THEN CAST(p.predicted AS VARCHAR) ELSE p.predicted_label END, "
+    "r.created_at), arg_max(p.run_id, r.created_at), arg_max(r.task, r.created_at) "
     "FROM predictions p JOIN runs r USING (run_id) "
-    "WHERE p.method = 'ngnn' AND p.predicted IS NOT NULL AND r.task = 'regression' "
+    "WHERE p.method = 'ngnn' AND (p.predicted IS NOT NULL OR p.predicted_label IS NOT NULL) "
     "GROUP BY p.target, p.model_id ORDER BY p.target, p.model_id")
 
 
@@ -50,8 +52,10 @@ def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True,
         n_models += len(rows)
     preds = con.sql(LATEST_PREDICTIONS).fetchall()
     by_target: dict[tuple[str, str], list] = {}
-    for target, model_id, value, run_id in preds:
-        by_target.setdefault((target, run_id), []).append((model_id, value))
+    for target, model_id, value, run_id, task in preds:
+        if value is not None:
+            by_target.setdefault((target, run_id), []).append(
+                (model_id, float(value) if task == "regression" else value))
     for (target, run_id), rows in by_target.items():
         store.write_predictions(target, rows, run_id)
     similar: dict[str, list] = {}

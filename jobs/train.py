@@ -249,11 +249,15 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     write_run(catalog, run_id, cfg, sel, results, emb, metrics, artifact)
     if store is not None:
         try:
-            if sel.task == "regression":
-                store.write_predictions(sel.target, zip(sel.model_ids, pred.tolist()), run_id)
+            store.write_predictions(sel.target, zip(sel.model_ids, _store_values(sel, pred)), run_id)
         except Exception as exc:
             report.store_warning = str(exc).splitlines()[0]
     return report
+
+
+def _store_values(sel: Selection, pred: np.ndarray) -> list:
+    """What the graph store gets: numbers for regression, class labels for classification."""
+    return pred.tolist() if sel.task == "regression" else _label_strings(sel, pred)
 
 
 def _label_strings(sel: Selection, values: np.ndarray) -> list[str | None]:
@@ -356,6 +360,6 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     new_run = f"{run_id}-predict-{uuid.uuid4().hex[:6]}"
     write_run(catalog, new_run, {"where": where, "source_run": run_id}, sel, {"ngnn": pred}, emb,
               {"ngnn": metrics}, catalog.artifacts_dir / run_id, splits=np.array(["predict"] * len(sel.model_ids)))
-    if store is not None and sel.task == "regression":
-        store.write_predictions(sel.target, zip(sel.model_ids, pred.tolist()), run_id)
+    if store is not None:
+        store.write_predictions(sel.target, zip(sel.model_ids, _store_values(sel, pred)), run_id)
     return PredictReport(run_id, len(sel.model_ids), sel.target, metrics)

@@ -147,12 +147,16 @@ class MetadataStore(ABC):
         self._merge("datasets", [{"name": d} for d in sorted({r["dataset"] for r in rows if r["dataset"]})])
         self._merge("models", rows)
 
-    def write_predictions(self, target: str, rows: Iterable[tuple[str, float]], run_id: str) -> None:
-        """Set ``predicted_<target>`` (and ``predicted_<target>_run``) on models."""
+    def write_predictions(self, target: str, rows: Iterable[tuple[str, Any]], run_id: str) -> None:
+        """Set ``predicted_<target>`` (a number for regression, the class label for classification)
+        and ``predicted_<target>_run`` on models."""
+        rows = [(m, v) for m, v in rows if v is not None]
         prop = check_property("predicted_" + target.lower())
+        kind = "STRING" if any(isinstance(v, str) for _, v in rows) else "DOUBLE"
         self.ensure_schema()
-        self._ensure_model_properties({prop: "DOUBLE", prop + "_run": "STRING"})
-        payload = [{"model_id": m, "value": float(v), "run_id": run_id} for m, v in rows]
+        self._ensure_model_properties({prop: kind, prop + "_run": "STRING"})
+        payload = [{"model_id": m, "value": str(v) if kind == "STRING" else float(v), "run_id": run_id}
+                   for m, v in rows]
         self._set_model_property(prop, payload)
 
     def write_similar(self, pairs: Iterable[tuple[str, str, float]], run_id: str) -> None:

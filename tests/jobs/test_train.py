@@ -60,8 +60,18 @@ def test_predict_applies_the_saved_metanetwork_to_new_models(trained, tmp_path):
 
 
 def test_classification_of_the_training_dataset(catalog_copy):
-    report = train_heterognn(catalog_copy, TrainConfig(target="dataset", where="zoo = 'mlp'", **FAST),
-                             progress=False)
+    from graphstore.metadata import open_store
+    from graphstore.sync import sync_store
+
+    with open_store(catalog_copy, use_env=False) as store:
+        sync_store(catalog_copy, store)
+        report = train_heterognn(catalog_copy, TrainConfig(target="dataset", where="zoo = 'mlp'", **FAST),
+                                 store=store, progress=False)
+        q = "MATCH (m:Model) WHERE m.predicted_dataset IS NOT NULL RETURN m.model_id, m.predicted_dataset"
+        in_store = dict(store.run(q).rows)
+        store.clear()
+        sync_store(catalog_copy, store)                     # rebuilt from Parquet: the labels come back
+        assert dict(store.run(q).rows) == in_store
     assert report.task == "classification"
     assert 0 <= report.metrics["ngnn"]["accuracy"] <= 1 and "macro_f1" in report.metrics["statnn"]
     con = duck.connect(catalog_copy)
@@ -69,6 +79,10 @@ def test_classification_of_the_training_dataset(catalog_copy):
                                         "AND method = 'ngnn'",
                                         [report.run_id]).fetchall()}
     assert labels <= {"iris", "wine", "breast_cancer", "digits"}
+    expected = dict(con.execute("SELECT model_id, predicted_label FROM predictions WHERE run_id = ? "
+                                "AND method = 'ngnn'", [report.run_id]).fetchall())
+    assert in_store == expected and len(in_store) == report.n_models["train"] + report.n_models["val"] + \
+        report.n_models["test"]
 
 
 def test_bad_requests_are_clear(catalog_dir):
