@@ -59,17 +59,16 @@ def property_type(value: Any) -> str:
     return "STRING"
 
 
-def layer_rows(architectures: Sequence[dict], layers: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]:
+def layer_rows(layers: Sequence[dict]) -> tuple[list[dict], list[dict], list[dict]]:
     """Layer nodes, HAS_LAYER and FEEDS rows, one set per architecture (not per model).
 
-    ``layers`` rows are per model (the catalog's layers relation); the first model seen of an
-    architecture supplies its layers. FEEDS joins operation i to j when j reads the neuron layer
-    that i writes.
+    ``layers`` rows are per model (the catalog's layers relation) with their ``architecture_id``;
+    the first model seen of an architecture supplies its layers. FEEDS joins operation i to j when
+    j reads the neuron layer that i writes.
     """
     by_arch: dict[str, list[dict]] = {}
-    model_arch = {row["model_id"]: row["architecture_id"] for row in layers if "architecture_id" in row}
     for row in layers:
-        arch = row.get("architecture_id") or model_arch.get(row["model_id"])
+        arch = row.get("architecture_id")
         if arch is None:
             continue
         bucket = by_arch.setdefault(arch, [])
@@ -95,10 +94,10 @@ def layer_rows(architectures: Sequence[dict], layers: Sequence[dict]) -> tuple[l
     return nodes, has, feeds
 
 
-def architecture_rows(architectures: Sequence[dict], layers: Sequence[dict]) -> list[dict]:
+def architecture_rows(architectures: Sequence[dict], layer_nodes: Sequence[dict]) -> list[dict]:
+    """Architecture properties, with layer-kind counts from ``layer_rows``' layer nodes."""
     counts: dict[str, dict[str, int]] = {}
-    nl, _, _ = layer_rows(architectures, layers)
-    for n in nl:
+    for n in layer_nodes:
         c = counts.setdefault(n["architecture_id"], {})
         c[n["kind"]] = c.get(n["kind"], 0) + 1
     out = []
@@ -126,8 +125,8 @@ class MetadataStore(ABC):
         self.ensure_schema()
         arch_of = {m["model_id"]: m["architecture_id"] for m in models}
         layers = [dict(r, architecture_id=arch_of.get(r["model_id"], r.get("architecture_id"))) for r in layers]
-        lnodes, has, feeds = layer_rows(architectures, layers)
-        self._merge("architectures", architecture_rows(architectures, layers))
+        lnodes, has, feeds = layer_rows(layers)
+        self._merge("architectures", architecture_rows(architectures, lnodes))
         self._merge("layers", lnodes)
         self._merge("has_layer", has)
         self._merge("feeds", feeds)
