@@ -33,7 +33,7 @@ from graphstore.schema import (ARCHITECTURES, EDGES, INGEST_ERRORS, LAYERS, NODE
 from pipeline import checkpoints
 from pipeline.errors import ZooGraphError
 from pipeline.neural_graph.convert import PlanCache, convert_checkpoint
-from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS, NeuralGraph
+from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES, RELATIONS, NeuralGraph
 from pipeline.neural_graph.plan import Plan
 
 
@@ -208,10 +208,10 @@ def summarize_plan(plan: Plan) -> str:
 
 
 def tables_for(records: list[ModelRecord], zoo: str) -> dict[str, pa.Table]:
-    """The Arrow tables of one part: models, architectures, layers, nodes, edges."""
+    """The Arrow tables of one part (a non-empty batch): models, architectures, layers, nodes, edges."""
     ids = [r.model_id for r in records]
     at = now_utc()
-    schema = models_schema(records and [{"metadata": r.metadata} for r in records] or [])
+    schema = models_schema([{"metadata": r.metadata} for r in records])
     cols: dict[str, list] = {name: [] for name in schema.names}
     for r in records:
         g = r.graph
@@ -260,37 +260,30 @@ def tables_for(records: list[ModelRecord], zoo: str) -> dict[str, pa.Table]:
     graphs = [r.graph for r in records]
     n_counts = [g.num_nodes for g in graphs]
     e_counts = [g.num_edges for g in graphs]
-    from pipeline.neural_graph.graph import ACTIVATIONS
-
-    act_codes = np.concatenate([g.node_activation_codes() for g in graphs]) if graphs else np.zeros(0, np.int64)
-    extra = np.concatenate([g.extra for g in graphs]) if graphs else np.zeros((0, 2), np.float32)
+    extra = np.concatenate([g.extra for g in graphs])
     nodes = pa.table({
         "model_id": _repeat_strings(ids, n_counts),
-        "node": pa.array(np.concatenate([np.arange(n, dtype=np.int64) for n in n_counts]) if graphs else []),
-        "node_type": _dict_codes(np.concatenate([g.node_type for g in graphs]) if graphs else np.zeros(0), NODE_TYPES),
-        "layer": pa.array(np.concatenate([g.node_layer for g in graphs]).astype(np.int32) if graphs else []),
-        "position": pa.array(np.concatenate([g.node_position for g in graphs]).astype(np.int32) if graphs else []),
-        "bias": pa.array(np.concatenate([g.bias for g in graphs]) if graphs else [], pa.float32()),
-        "activation": _dict_codes(act_codes, ACTIVATIONS),
+        "node": pa.array(np.concatenate([np.arange(n, dtype=np.int64) for n in n_counts])),
+        "node_type": _dict_codes(np.concatenate([g.node_type for g in graphs]), NODE_TYPES),
+        "layer": pa.array(np.concatenate([g.node_layer for g in graphs]).astype(np.int32)),
+        "position": pa.array(np.concatenate([g.node_position for g in graphs]).astype(np.int32)),
+        "bias": pa.array(np.concatenate([g.bias for g in graphs]), pa.float32()),
+        "activation": _dict_codes(np.concatenate([g.node_activation_codes() for g in graphs]), ACTIVATIONS),
         "running_mean": pa.array(extra[:, 0], pa.float32(), from_pandas=True),
         "running_var": pa.array(extra[:, 1], pa.float32(), from_pandas=True),
     }, schema=NODES)
 
-    if graphs:
-        lengths = np.concatenate([np.full(g.num_edges, g.weight.shape[1], np.int64) for g in graphs])
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-        values = pa.array(np.concatenate([g.weight.reshape(-1) for g in graphs]), pa.float32())
-        weight = pa.ListArray.from_arrays(pa.array(offsets), values)
-        edges = pa.table({
-            "model_id": _repeat_strings(ids, e_counts),
-            "src": pa.array(np.concatenate([g.src for g in graphs])),
-            "dst": pa.array(np.concatenate([g.dst for g in graphs])),
-            "relation": _dict_codes(np.concatenate([g.relation for g in graphs]), RELATIONS),
-            "layer": pa.array(np.concatenate([g.edge_op for g in graphs]).astype(np.int32)),
-            "weight": weight,
-        }, schema=EDGES)
-    else:
-        edges = EDGES.empty_table()
+    lengths = np.concatenate([np.full(g.num_edges, g.weight.shape[1], np.int64) for g in graphs])
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    values = pa.array(np.concatenate([g.weight.reshape(-1) for g in graphs]), pa.float32())
+    edges = pa.table({
+        "model_id": _repeat_strings(ids, e_counts),
+        "src": pa.array(np.concatenate([g.src for g in graphs])),
+        "dst": pa.array(np.concatenate([g.dst for g in graphs])),
+        "relation": _dict_codes(np.concatenate([g.relation for g in graphs]), RELATIONS),
+        "layer": pa.array(np.concatenate([g.edge_op for g in graphs]).astype(np.int32)),
+        "weight": pa.ListArray.from_arrays(pa.array(offsets), values),
+    }, schema=EDGES)
     return {"models": models, "architectures": architectures, "layers": layers, "nodes": nodes, "edges": edges}
 
 
