@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli_common import (catalog_option, format_rows, open_store_from_options, store_options,
-                                 translate_errors)
+from pipeline.cli_common import (catalog_option, format_rows, open_store_from_options, optional_store,
+                                 store_options, translate_errors)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -61,24 +61,14 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batc
     metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings."""
     from jobs.train import TrainConfig, train_heterognn
     from pipeline.config import catalog_dir
-    from pipeline.errors import ZooGraphError
 
     cfg = TrainConfig(target=target, where=where, task=task, split_column=split_column, epochs=epochs,
                       batch_size=batch_size, lr=lr, hidden=hidden, layers=layers, probes=probes, ensemble=ensemble,
                       patience=patience,
                       seed=seed,
                       device=device, loader_workers=loader_workers, baselines=not no_baselines)
-    try:
-        store = open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password)
-    except ZooGraphError as exc:
-        store, warning = None, str(exc)
-    else:
-        warning = None
-    try:
+    with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password) as (store, warning):
         report = train_heterognn(catalog_dir(catalog), cfg, store=store)
-    finally:
-        if store is not None:
-            store.close()
     report.store_warning = report.store_warning or warning
     click.echo(report.summary())
 

@@ -5,8 +5,8 @@ import sys
 
 import click
 
-from pipeline.cli_common import (FORMATS, catalog_option, echo_err, format_rows, open_store_from_options,
-                                 store_options, translate_errors)
+from pipeline.cli_common import (FORMATS, catalog_option, echo_err, format_rows, optional_store, store_options,
+                                 translate_errors)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -64,7 +64,6 @@ def ingest(zoo_dir, catalog, workers, zoo_name, shard, no_graph, neo4j_uri, neo4
     ingest_errors, and the exit code is 1 when any checkpoint failed.
     """
     from pipeline.config import catalog_dir
-    from pipeline.errors import ZooGraphError
     from pipeline.ingest import ingest_zoo
 
     try:
@@ -72,18 +71,9 @@ def ingest(zoo_dir, catalog, workers, zoo_name, shard, no_graph, neo4j_uri, neo4
         assert 0 <= i < n
     except (ValueError, AssertionError):
         raise click.BadParameter(f"{shard!r} is not I/N with 0 <= I < N", param_hint="--shard")
-    store, warning = None, None
-    if not no_graph:
-        try:
-            store = open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password)
-        except ZooGraphError as exc:
-            warning = str(exc)
-    try:
+    with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=not no_graph) as (store, warning):
         report = ingest_zoo(zoo_dir, catalog_dir(catalog), workers=workers, zoo_name=zoo_name, store=store,
                             shard=(i, n))
-    finally:
-        if store is not None:
-            store.close()
     report.store_warning = report.store_warning or warning
     click.echo(report.summary())
     if not report.ok:

@@ -1,6 +1,7 @@
 """What the three CLIs share: error translation at the edge, output formats, store options."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import io
@@ -79,6 +80,23 @@ def open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password):
     from pipeline.config import catalog_dir, neo4j_settings
 
     return open_store(catalog_dir(catalog), neo4j_settings(neo4j_uri, neo4j_user, neo4j_password))
+
+
+@contextlib.contextmanager
+def optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled: bool = True):
+    """``(store, None)``, or ``(None, reason)`` when the graph store cannot be opened: the Parquet
+    work goes on and `graphstore sync` catches the graph up later. Closes the store on exit."""
+    store, warning = None, None
+    if enabled:
+        try:
+            store = open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password)
+        except ZooGraphError as exc:
+            warning = str(exc)
+    try:
+        yield store, warning
+    finally:
+        if store is not None:
+            store.close()
 
 
 def parse_params(pairs: Sequence[str]) -> dict[str, Any]:
