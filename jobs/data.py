@@ -18,7 +18,6 @@ import numpy as np
 import pyarrow as pa
 
 from graphstore import duck
-from graphstore.catalog import Catalog
 from graphstore.sql import check_readonly
 from pipeline.neural_graph.heterograph import CanonicalEtype, build_heterograph, reframe, with_reverses
 from pipeline.errors import JobError

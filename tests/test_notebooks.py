@@ -1,5 +1,4 @@
 """The analytics notebooks execute top to bottom on a small zoo made on the spot, with figures."""
-import os
 from pathlib import Path
 
 import nbformat
