@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -32,6 +31,7 @@ from graphstore.schema import (ARCHITECTURES, EDGES, INGEST_ERRORS, LAYERS, NODE
                                metadata_column_name, models_schema)
 from pipeline import checkpoints
 from pipeline.errors import ZooGraphError
+from pipeline.workers import process_pool
 from pipeline.neural_graph.convert import PlanCache, convert_checkpoint
 from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES, RELATIONS, NeuralGraph
 from pipeline.neural_graph.plan import Plan
@@ -299,7 +299,7 @@ def _results(jobs: list[tuple], workers: int) -> Iterator[ModelRecord | ErrorRec
     if workers <= 1:
         yield from (convert_one(*j) for j in jobs)
         return
-    with ProcessPoolExecutor(workers) as pool:
+    with process_pool(workers) as pool:
         yield from pool.map(_convert_star, jobs, chunksize=8)
 
 

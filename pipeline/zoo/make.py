@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from pipeline.errors import ZooGraphError
+from pipeline.workers import process_pool
 from pipeline.spec import example_input
 from pipeline.zoo.kinds import RECIPES, make_model
 
@@ -89,7 +89,7 @@ def _rows(kind: str, n: int, seed: int, fmt: str, out_dir: Path, workers: int) -
     if workers <= 1:
         yield from map(_one, todo)
     else:
-        with ProcessPoolExecutor(workers) as pool:
+        with process_pool(workers) as pool:
             yield from pool.map(_one, todo, chunksize=4)
 
 
