@@ -144,7 +144,10 @@ def _build_sequence(layers: list, x: torch.Tensor, where: str) -> nn.Sequential:
         raise SpecError(f"{where}: 'layers' must be a non-empty list")
     mods = []
     for i, layer in enumerate(layers):
-        mod = _make(layer, x, f"{where}[{i}]")
+        try:
+            mod = _make(layer, x, f"{where}[{i}]")
+        except (ValueError, TypeError) as exc:     # torch's own checks, e.g. strided 'same' padding
+            raise SpecError(f"{where}[{i}]: invalid {layer.get('type')!r} layer: {exc}") from exc
         with torch.no_grad():
             try:
                 x = mod.eval()(x)
