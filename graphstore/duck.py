@@ -65,5 +65,14 @@ def stream(con: duckdb.DuckDBPyConnection, query: str, params: Sequence | dict |
             cur.close()
 
 
+def table(con: duckdb.DuckDBPyConnection, query: str, params: Sequence | dict | None = None) -> pa.Table:
+    """A (small) query result as one Arrow table, with its schema even when it has no rows."""
+    cur = con.cursor()
+    try:
+        return cur.sql(query, params=params).to_arrow_reader().read_all()
+    finally:
+        cur.close()
+
+
 def model_ids(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {row[0] for row in con.execute("SELECT model_id FROM models").fetchall()}

@@ -17,6 +17,7 @@ def main():
     jobs predict --run RUN_ID --where "test_accuracy IS NULL"
     jobs retrieve MODEL_ID -k 10 --write-back   similar models by embedding
     jobs classify --run RUN_ID --target dataset  linear probe on frozen embeddings
+    jobs merge MODEL_A MODEL_B --out merged.safetensors --ingest
     """
 
 
@@ -133,6 +134,48 @@ def classify(run_id, target, png, catalog):
 
     res = run_classify(catalog_dir(catalog), run_id, target, png or f"confusion-{target}.png")
     click.echo(res.summary())
+
+
+@main.command()
+@click.argument("model_a")
+@click.argument("model_b")
+@click.option("--method", type=click.Choice(["embeddings", "activations", "weights"]), default="embeddings",
+              show_default=True,
+              help="Alignment whose merge is written: NG-GNN node embeddings of a trained run, activation "
+                   "matching on training inputs, or weight matching (Git Re-Basin). All are reported.")
+@click.option("--alpha", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
+              help="Weight of B in the interpolation (1 - alpha) A + alpha B.")
+@click.option("--run", "run_id", default=None,
+              help="NG-GNN run whose node embeddings align the neurons (default: the newest run).")
+@click.option("--points", type=click.IntRange(min=2), default=11, show_default=True,
+              help="Points on the interpolation path for the loss barrier.")
+@click.option("--no-reset-bn", is_flag=True,
+              help="Keep interpolated batch-norm statistics instead of recomputing them on training data.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the merged checkpoint here (.safetensors with a JSON sidecar).")
+@click.option("--ingest", is_flag=True, help="Ingest the merged checkpoint into the catalog (needs --out).")
+@_device_option
+@catalog_option
+@store_options
+@translate_errors
+def merge(model_a, model_b, method, alpha, run_id, points, no_reset_bn, out, ingest, device, catalog, neo4j_uri,
+          neo4j_user, neo4j_password):
+    """Merge two models of one architecture (MODEL_A, MODEL_B: model ids): align B's hidden
+    neurons to A's, permute B through the exact graph inverse, interpolate the weights. Prints
+    test accuracy, test loss and the loss barrier of both parents, naive averaging and each
+    alignment method."""
+    from jobs.merge import MergeConfig, merge_models
+    from pipeline.config import catalog_dir
+
+    if ingest and not out:
+        raise click.UsageError("--ingest needs --out FILE")
+    cfg = MergeConfig(method=method, alpha=alpha, run_id=run_id, points=points, reset_bn=not no_reset_bn,
+                      device=device)
+    with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=ingest) as (store, warning):
+        report = merge_models(catalog_dir(catalog), model_a, model_b, cfg, out=out, ingest=ingest, store=store)
+    click.echo(report.summary())
+    if warning:
+        click.echo(f"graph store not updated: {warning} (run `graphstore sync` later)", err=True)
 
 
 @main.command()

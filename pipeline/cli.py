@@ -34,14 +34,17 @@ def zoo():
 @click.option("--format", "fmt", type=click.Choice(["safetensors", "pt", "pt2"]), default="safetensors",
               show_default=True, help="Checkpoint format (state dicts come with a JSON spec sidecar).")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Training processes.")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Models per recipe: groups of K with one architecture, hyper-parameters and data that "
+                   "differ only in initialisation and batch order (pairs for `jobs merge`).")
 @translate_errors
-def zoo_make(kind, out_dir, n, seed, fmt, workers):
+def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas):
     """Train a zoo of KIND (cnn: CNNs on digits; mlp: MLPs on four tabular datasets; inr: SIRENs
     fitted to digit images) into OUT_DIR. Models already in OUT_DIR are kept, so an interrupted
     run resumes."""
     from pipeline.zoo.make import make_zoo
 
-    click.echo(str(make_zoo(kind, out_dir, n, seed, fmt, workers, progress=True)))
+    click.echo(str(make_zoo(kind, out_dir, n, seed, fmt, workers, progress=True, replicas=replicas)))
 
 
 @main.command()

@@ -305,13 +305,15 @@ def _results(jobs: list[tuple], workers: int) -> Iterator[ModelRecord | ErrorRec
 
 def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *, workers: int = 1,
                zoo_name: str | None = None, store=None, shard: tuple[int, int] = (0, 1),
-               part_edges: int = 2_000_000, part_models: int = 512, progress: bool = True) -> IngestReport:
+               part_edges: int = 2_000_000, part_models: int = 512, progress: bool = True,
+               files: list[Path] | None = None) -> IngestReport:
     """Ingest every checkpoint under ``zoo_dir`` into ``catalog``; see the module docstring.
 
     Args:
         store: an optional graph store (graphstore.metadata); architecture metadata is written to
             it after every committed part. A store failure is reported, never fatal.
         shard: (i, n) ingests only the checkpoints whose file name hashes to shard i of n.
+        files: ingest these checkpoints of ``zoo_dir`` only (default: every checkpoint under it).
     """
     zoo_dir = Path(zoo_dir)
     if not zoo_dir.is_dir():
@@ -325,7 +327,8 @@ def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *
     known = duck.model_ids(con)
     con.close()
     meta = read_zoo_metadata(zoo_dir)
-    files = [p for p in list_checkpoints(zoo_dir) if shard_of(p, shard[1]) == shard[0]]
+    files = [p for p in (list_checkpoints(zoo_dir) if files is None else [Path(f) for f in files])
+             if shard_of(p, shard[1]) == shard[0]]
     jobs = [(str(p), str(zoo_dir), meta.get(p.name)) for p in files]
     pending: list[ModelRecord] = []
     pending_errors: list[ErrorRecord] = []

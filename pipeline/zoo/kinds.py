@@ -25,7 +25,7 @@ from pipeline.spec import build_module
 @dataclass
 class ModelRecipe:
     spec: dict
-    train: Callable[[nn.Module], dict[str, Any]]   # trains in place, returns metrics
+    train: Callable[[nn.Module, int], dict[str, Any]]   # (model, init seed): trains in place, returns metrics
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
@@ -53,6 +53,24 @@ def _tabular(name: str):
     pca = PCA(n_components=4, random_state=0).fit(scaler.transform(xtr))
     f = lambda a: pca.transform(scaler.transform(a)).astype(np.float32)  # noqa: E731
     return f(xtr), ytr.astype(np.int64), f(xte), yte.astype(np.int64)
+
+
+def _digits_split() -> tuple[np.ndarray, np.ndarray]:
+    """The CNN zoo's fixed split of the digits images: 500 test indices, the rest to train from."""
+    perm = np.random.default_rng(0).permutation(len(_digits()[0]))
+    return perm[:500], perm[500:]
+
+
+def evaluation_data(dataset: str, input_shape: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test) a zoo model of ``dataset`` and input shape was trained
+    and tested on: the digits images for CNNs, the PCA-reduced tabular sets for MLPs."""
+    if dataset == "digits" and list(input_shape) == [1, 8, 8]:
+        x, y = _digits()
+        test, train = _digits_split()
+        return x[train], y[train], x[test], y[test]
+    if dataset in MLP_DATASETS and list(input_shape) == [4]:
+        return _tabular(dataset)
+    raise KeyError(f"no evaluation data for dataset {dataset!r} with input shape {list(input_shape)}")
 
 
 def _init(model: nn.Module, scheme: str, gen: torch.Generator) -> None:
@@ -135,12 +153,11 @@ def cnn_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
     meta = {"dataset": "digits", "activation": act, "width": width, "depth": depth, "batchnorm": bn,
             "residual": residual, "kernel_size": kernel, "pool": pool, **hp}
 
-    def train(model: nn.Module) -> dict[str, Any]:
-        gen = torch.Generator().manual_seed(seed)
+    def train(model: nn.Module, init_seed: int) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(init_seed)
         _init(model, hp["init"], gen)
         x, y = _digits()
-        perm = np.random.default_rng(0).permutation(len(x))   # one fixed test split for the whole zoo
-        test, pool_idx = perm[:500], perm[500:]
+        test, pool_idx = _digits_split()
         sub = np.random.default_rng(seed).permutation(pool_idx)[:max(64, int(hp["train_fraction"] * len(pool_idx)))]
         return _fit_classifier(model, x[sub], y[sub], x[test], y[test], optimizer=hp["optimizer"], lr=hp["lr"],
                                wd=hp["weight_decay"], epochs=hp["epochs"], batch=hp["batch_size"], gen=gen)
@@ -162,8 +179,8 @@ def mlp_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
           "weight_decay": 0.0, "epochs": int(rng.integers(20, 61)), "init": "kaiming", "batch_size": 32}
     meta = {"dataset": dataset, "activation": act, **hp}
 
-    def train(model: nn.Module) -> dict[str, Any]:
-        gen = torch.Generator().manual_seed(seed)
+    def train(model: nn.Module, init_seed: int) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(init_seed)
         _init(model, hp["init"], gen)
         xtr, ytr, xte, yte = _tabular(dataset)
         return _fit_classifier(model, xtr, ytr, xte, yte, optimizer=hp["optimizer"], lr=hp["lr"], wd=0.0,
@@ -184,8 +201,8 @@ def inr_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
     meta = {"dataset": "digits-inr", "label": int(y[index]), "image_index": index, "steps": 300, "lr": 1e-3,
             "w0": 10.0, "optimizer": "adam"}
 
-    def train(model: nn.Module) -> dict[str, Any]:
-        gen = torch.Generator().manual_seed(seed)
+    def train(model: nn.Module, init_seed: int) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(init_seed)
         lin = [m for m in model.modules() if isinstance(m, nn.Linear)]
         with torch.no_grad():                       # SIREN initialisation, w0 folded into the first layer
             for i, m in enumerate(lin):
@@ -214,11 +231,14 @@ RECIPES: dict[str, Callable[[np.random.Generator, int], ModelRecipe]] = {
     "cnn": cnn_recipe, "mlp": mlp_recipe, "inr": inr_recipe}
 
 
-def make_model(kind: str, seed: int) -> tuple[nn.Module, ModelRecipe, dict[str, Any]]:
-    """Build and train model number ``seed`` of a zoo kind; deterministic."""
+def make_model(kind: str, seed: int, init_seed: int | None = None) -> tuple[nn.Module, ModelRecipe, dict[str, Any]]:
+    """Build and train model number ``seed`` of a zoo kind; deterministic. ``init_seed`` (default
+    ``seed``) draws the initialisation and the batch order only: models of one ``seed`` and
+    different ``init_seed`` share architecture, hyper-parameters and data (replicas)."""
+    init_seed = seed if init_seed is None else init_seed
     rng = np.random.default_rng(seed)
     recipe = RECIPES[kind](rng, seed)
-    torch.manual_seed(seed)
+    torch.manual_seed(init_seed)
     model = build_module(recipe.spec)
-    metrics = recipe.train(model)
+    metrics = recipe.train(model, init_seed)
     return model.eval(), recipe, metrics

@@ -61,20 +61,25 @@ def save_checkpoint(model: torch.nn.Module, spec: dict, path: Path, fmt: str) ->
         raise ZooGraphError(f"unknown checkpoint format {fmt!r}; choose one of {sorted(FORMATS)}")
 
 
-def _one(args: tuple[str, int, int, str, str]) -> dict[str, Any]:
-    kind, index, seed, fmt, out_dir = args
+def _one(args: tuple[str, int, int, str, str, int]) -> dict[str, Any]:
+    kind, index, seed, fmt, out_dir, replicas = args
     torch.set_num_threads(1)
     name = f"{kind}-{index:05d}{FORMATS[fmt]}"
-    model, recipe, metrics = make_model(kind, model_seed(seed, index))
+    init_seed = model_seed(seed, index)
+    model, recipe, metrics = make_model(kind, model_seed(seed, index // replicas), init_seed)
+    metadata = dict(recipe.metadata)
+    if replicas > 1:        # replicas of one recipe differ only in initialisation and batch order
+        metadata.update(recipe=index // replicas, init_seed=init_seed)
     out = Path(out_dir)
     save_checkpoint(model, recipe.spec, out / name, fmt)
-    side = {"architecture": recipe.spec, "metadata": {**recipe.metadata, "zoo_seed": seed, "index": index},
+    side = {"architecture": recipe.spec, "metadata": {**metadata, "zoo_seed": seed, "index": index},
             "metrics": metrics}
     _write_atomic((out / name).with_suffix(".json"), lambda p: p.write_text(json.dumps(side, indent=1)))
-    return {"checkpoint": name, **metrics, **recipe.metadata}
+    return {"checkpoint": name, **metrics, **metadata}
 
 
-def _rows(kind: str, n: int, seed: int, fmt: str, out_dir: Path, workers: int) -> Iterator[dict[str, Any]]:
+def _rows(kind: str, n: int, seed: int, fmt: str, out_dir: Path, workers: int,
+          replicas: int) -> Iterator[dict[str, Any]]:
     todo, done = [], []
     for i in range(n):
         name = f"{kind}-{i:05d}{FORMATS[fmt]}"
@@ -84,7 +89,7 @@ def _rows(kind: str, n: int, seed: int, fmt: str, out_dir: Path, workers: int) -
             done.append({"checkpoint": name, **meta.get("metrics", {}), **{k: v for k, v in meta["metadata"].items()
                                                                             if k not in ("zoo_seed", "index")}})
         else:
-            todo.append((kind, i, seed, fmt, str(out_dir)))
+            todo.append((kind, i, seed, fmt, str(out_dir), replicas))
     yield from ({"_skipped": True, **d} for d in done)
     if workers <= 1:
         yield from map(_one, todo)
@@ -94,19 +99,23 @@ def _rows(kind: str, n: int, seed: int, fmt: str, out_dir: Path, workers: int) -
 
 
 def make_zoo(kind: str, out_dir: str | Path, n: int, seed: int = 0, fmt: str = "safetensors",
-             workers: int = 1, progress: bool = True) -> ZooReport:
-    """Train ``n`` models of zoo ``kind`` into ``out_dir``; models already there are kept (resume)."""
+             workers: int = 1, progress: bool = True, replicas: int = 1) -> ZooReport:
+    """Train ``n`` models of zoo ``kind`` into ``out_dir``; models already there are kept (resume).
+    With ``replicas`` K, models come in groups of K that share architecture, hyper-parameters and
+    data and differ only in initialisation and batch order (pairs for merging)."""
     if kind not in RECIPES:
         raise ZooGraphError(f"unknown zoo kind {kind!r}; choose one of {sorted(RECIPES)}")
     if fmt not in FORMATS:
         raise ZooGraphError(f"unknown checkpoint format {fmt!r}; choose one of {sorted(FORMATS)}")
     if n < 1:
         raise ZooGraphError("--n must be at least 1")
+    if replicas < 1:
+        raise ZooGraphError("--replicas must be at least 1")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows, skipped = [], 0
     bar = tqdm(total=n, desc=f"zoo {kind}", unit="model", disable=not progress)
-    for row in _rows(kind, n, seed, fmt, out_dir, workers):
+    for row in _rows(kind, n, seed, fmt, out_dir, workers, replicas):
         skipped += bool(row.pop("_skipped", False))
         rows.append(row)
         bar.update(1)
