@@ -1,6 +1,8 @@
 """``jobs``: train NG-GNN on the catalog, predict, and run the end-to-end demo."""
 from __future__ import annotations
 
+import os
+
 import click
 
 from pipeline.cli_common import (catalog_option, format_rows, open_store_from_options, optional_store,
@@ -59,7 +61,12 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batc
                         probes, ensemble, patience, seed, loader_workers, no_baselines, device, neo4j_uri, neo4j_user,
                         neo4j_password):
     """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
-    metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings."""
+    metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings.
+
+    \b
+    Data-parallel on several processes, GPUs or machines (gloo on CPU, NCCL with --device cuda):
+      torchrun --standalone --nproc-per-node 2 -m jobs.cli train-heterognn ...
+    Each rank streams its own shard of the models; rank 0 writes the results."""
     from jobs.train import TrainConfig, train_heterognn
     from pipeline.config import catalog_dir
 
@@ -68,10 +75,12 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batc
                       patience=patience,
                       seed=seed,
                       device=device, loader_workers=loader_workers, baselines=not no_baselines)
-    with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password) as (store, warning):
+    main_rank = int(os.environ.get("RANK", "0")) == 0      # under torchrun, rank 0 writes and reports
+    with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=main_rank) as (store, warning):
         report = train_heterognn(catalog_dir(catalog), cfg, store=store)
     report.store_warning = report.store_warning or warning
-    click.echo(report.summary())
+    if main_rank:
+        click.echo(report.summary())
 
 
 @main.command()

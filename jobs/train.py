@@ -26,6 +26,8 @@ from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
 from graphstore.schema import EMBEDDINGS, PREDICTIONS, RUNS
 from jobs.baselines import run_flat_mlp, run_statnn
+from jobs.distributed import (DistContext, barrier, broadcast, gather_rows, init_from_env, local_batch_size,
+                              shard)
 from jobs.data import GraphStream, LayerStats, Selection, layer_stats, select_models
 from jobs.ngnn import NGGNN, NGGNNConfig
 from jobs.probes import check_probe_graph
@@ -119,17 +121,21 @@ def _targets(sel: Selection, idx: np.ndarray, mean: float, std: float, device) -
 
 
 @torch.no_grad()
-def infer(model: NGGNN, stream: GraphStream, indices, batch_size: int, device) -> tuple[np.ndarray, np.ndarray]:
-    """Raw outputs (n, out_dim) and embeddings (n, d) for ``indices``, in that order."""
+def infer(model: NGGNN, stream: GraphStream, indices, batch_size: int, device,
+          ctx: DistContext | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Raw outputs (n, out_dim) and embeddings (n, d) for ``indices``, in that order; under
+    torchrun each rank infers its shard and every rank gets all rows."""
+    ctx = ctx or DistContext()
     model.eval()
+    local = shard(indices, ctx)
     outs, embs = [], []
-    for _idx, graphs in stream.batches(indices, batch_size):   # batches come back in order
+    for _idx, graphs in stream.batches(local, batch_size):   # batches come back in order
         out, z = model(_batch(graphs, device))
         outs.append(out.cpu().numpy())
         embs.append(z.cpu().numpy())
-    if not outs:
-        return np.zeros((0, model.cfg.out_dim)), np.zeros((0, model.readout_dim))
-    return np.concatenate(outs), np.concatenate(embs)
+    out = np.concatenate(outs) if outs else np.zeros((0, model.cfg.out_dim), np.float32)
+    emb = np.concatenate(embs) if embs else np.zeros((0, model.readout_dim), np.float32)
+    return gather_rows(ctx, np.asarray(indices, dtype=np.int64), local, out, emb)
 
 
 def _decode(task: str, out: np.ndarray, mean: float, std: float) -> np.ndarray:
@@ -137,11 +143,16 @@ def _decode(task: str, out: np.ndarray, mean: float, std: float) -> np.ndarray:
 
 
 def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, stream: GraphStream, train_idx, val_idx,
-             mean: float, std: float, device, progress: bool, desc: str):
-    """Train one metanetwork with early stopping on the validation split."""
+             mean: float, std: float, device, progress: bool, desc: str, ctx: DistContext):
+    """Train one metanetwork with early stopping on the validation split (data-parallel under
+    torchrun: this rank's shard of every global batch, gradients all-reduced)."""
     loss_fn = _loss_fn(sel.task)
     torch.manual_seed(seed)
     model = NGGNN(mcfg).to(device)
+    step_model = model
+    if ctx.active:          # some relations are absent from some batches: their parameters get no gradient
+        step_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None, find_unused_parameters=True)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs, eta_min=cfg.lr * 0.05)
     best, best_state, bad, history = -math.inf, None, 0, []
@@ -150,11 +161,11 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
     for epoch in bar:
         model.train()
         total, n = 0.0, 0
-        for b, (idx, graphs) in enumerate(stream.batches(train_idx, cfg.batch_size, shuffle=True,
-                                                         seed=seed + epoch)):
+        local = shard(train_idx, ctx, seed=seed + epoch)
+        for b, (idx, graphs) in enumerate(stream.batches(local, local_batch_size(cfg.batch_size, ctx))):
             if cfg.max_train_batches is not None and b >= cfg.max_train_batches:
                 break
-            out, _ = model(_batch(graphs, device))
+            out, _ = step_model(_batch(graphs, device))
             loss = loss_fn(out, _targets(sel, idx, mean, std, device))
             opt.zero_grad()
             loss.backward()
@@ -165,7 +176,7 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
         sched.step()
         epochs_run = epoch + 1
         score_idx = val_idx if len(val_idx) >= 2 else train_idx
-        out, _ = infer(model, stream, score_idx, cfg.batch_size, device)
+        out, _ = infer(model, stream, score_idx, cfg.batch_size, device, ctx)
         m = metrics_for(sel.task, sel.targets[score_idx], _decode(sel.task, out, mean, std))
         score = m.get("kendall_tau", m.get("accuracy", -math.inf))
         history.append({"epoch": epoch, "train_loss": total / max(n, 1), "val_score": score})
@@ -183,10 +194,10 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
 
 
 def infer_ensemble(models: list[NGGNN], stream: GraphStream, indices, batch_size: int, device,
-                   task: str) -> tuple[np.ndarray, np.ndarray]:
+                   task: str, ctx: DistContext | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Averaged outputs (regression: mean; classification: log of the mean softmax) and the
     members' embeddings side by side (still invariant)."""
-    outs, embs = zip(*(infer(m, stream, indices, batch_size, device) for m in models))
+    outs, embs = zip(*(infer(m, stream, indices, batch_size, device, ctx) for m in models))
     if task == "regression":
         out = np.mean(outs, axis=0)
     else:
@@ -201,9 +212,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
-    device = torch.device(cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise JobError("--device cuda was asked for, but torch sees no CUDA device")
+    ctx, device = init_from_env(cfg.device)
+    progress = progress and ctx.is_main
     con = duck.connect(catalog)
     sel = select_models(con, cfg.target, cfg.where, cfg.task, cfg.split_column)
     counts = {s: int(sel.mask(s).sum()) for s in ("train", "val", "test")}
@@ -225,16 +235,23 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     models, history, epochs_run = [], [], 0
     for k in range(cfg.ensemble):
         model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, mean, std, device,
-                                    progress, f"train NG-GNN {k + 1}/{cfg.ensemble}" if cfg.ensemble > 1 else "train NG-GNN")
+                                    progress, f"train NG-GNN {k + 1}/{cfg.ensemble}" if cfg.ensemble > 1 else "train NG-GNN",
+                                    ctx)
         models.append(model)
         history += [dict(h, member=k) for h in hist]
         epochs_run = max(epochs_run, ran)
     all_idx = np.arange(len(sel.model_ids))
-    out, emb = infer_ensemble(models, stream, all_idx, cfg.batch_size, device, sel.task)
+    out, emb = infer_ensemble(models, stream, all_idx, cfg.batch_size, device, sel.task, ctx)
     pred = _decode(sel.task, out, mean, std)
     test = sel.mask("test")
     results = {"ngnn": pred}
     metrics = {"ngnn": metrics_for(sel.task, sel.targets[test], pred[test])}
+    run_id = broadcast(ctx, f"run-{now_utc():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}")
+    if not ctx.is_main:      # rank 0 writes the run; the others wait for it and report what they computed
+        con.close()
+        barrier(ctx)
+        return RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
+                         history=history)
     if cfg.baselines:
         for base in (run_statnn(con, sel, cfg.seed), run_flat_mlp(con, sel, cfg.seed)):
             results[base.name] = base.predictions
@@ -242,16 +259,16 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
             metrics[base.name] = {**metrics_for(sel.task, sel.targets[mask], base.predictions[mask]),
                                   **({"note": base.note} if base.note else {})}
     con.close()
-    run_id = f"run-{now_utc():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     artifact = save_metanetwork(catalog, run_id, models, sel, stats, mean, std, cfg)
     report = RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
                        artifact=artifact, history=history)
-    write_run(catalog, run_id, cfg, sel, results, emb, metrics, artifact)
+    write_run(catalog, run_id, {**asdict(cfg), "world_size": ctx.world}, sel, results, emb, metrics, artifact)
     if store is not None:
         try:
             store.write_predictions(sel.target, zip(sel.model_ids, _store_values(sel, pred)), run_id)
         except Exception as exc:
             report.store_warning = str(exc).splitlines()[0]
+    barrier(ctx)
     return report
 
 

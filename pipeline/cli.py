@@ -135,7 +135,8 @@ def sql(query, catalog, fmt, out, params):
         pq.write_table(table, out)
         click.echo(f"wrote {table.num_rows} rows to {out}")
         return
-    text = format_rows(table.column_names, [list(r.values()) for r in table.to_pylist()], fmt)
+    rows = [list(r) for r in zip(*(col.to_pylist() for col in table.columns))]   # repeated column names kept
+    text = format_rows(table.column_names, rows, fmt)
     if out:
         with open(out, "w") as fh:
             fh.write(text + "\n")

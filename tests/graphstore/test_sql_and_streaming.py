@@ -61,6 +61,10 @@ def test_sql_cli(catalog_dir, tmp_path):
                             "json", "--catalog", str(catalog_dir)])
     assert ok.exit_code == 0, ok.output
     assert [r["zoo"] for r in json.loads(ok.output)] == ["cnn", "mlp"]
+    same = run(pipeline_cli, ["sql", "SELECT a.zoo, b.zoo FROM models a JOIN models b USING (model_id) LIMIT 1",
+                              "--format", "csv", "--catalog", str(catalog_dir)])   # one column name twice
+    assert same.exit_code == 0, same.output
+    assert same.output.splitlines()[0] == "zoo,zoo" and same.output.splitlines()[1].count(",") == 1
     out = tmp_path / "m.parquet"
     pq_ok = run(pipeline_cli, ["sql", "SELECT model_id FROM models", "--format", "parquet", "--out", str(out),
                                "--catalog", str(catalog_dir)])
