@@ -12,36 +12,61 @@ import pyarrow as pa
 from graphstore.catalog import Catalog
 from graphstore.schema import FIXED_SCHEMAS, INGEST_RELATIONS, RESULT_RELATIONS
 
+_FIRST_COPY = ("SELECT * EXCLUDE (_rn, _file) FROM (SELECT *, row_number() OVER (PARTITION BY model_id "
+               "ORDER BY ingested_at, _file) AS _rn FROM {src}) WHERE _rn = 1")
 _DEDUP = {
-    "models": "SELECT * EXCLUDE (_rn) FROM (SELECT *, row_number() OVER (PARTITION BY model_id "
-              "ORDER BY ingested_at) AS _rn FROM {src}) WHERE _rn = 1",
     "architectures": "SELECT * EXCLUDE (_rn) FROM (SELECT *, row_number() OVER (PARTITION BY architecture_id "
                      "ORDER BY architecture_id) AS _rn FROM {src}) WHERE _rn = 1",
     "ingest_errors": "SELECT * EXCLUDE (_rn) FROM (SELECT *, row_number() OVER (PARTITION BY source_path "
                      "ORDER BY failed_at DESC) AS _rn FROM {src}) WHERE _rn = 1 "
                      "AND source_path NOT IN (SELECT source_path FROM models)",
 }
+# Rows a model has in parts other than the one its ``models`` row comes from: two writers (shards on
+# two machines) that ingested copies of one checkpoint at the same moment both committed it.
+_SHADOWED = ("SELECT model_id, regexp_replace(_file, '/[^/]*$', '') AS part FROM (SELECT model_id, _file, "
+             "row_number() OVER (PARTITION BY model_id ORDER BY ingested_at, _file) AS rn FROM {src}) WHERE rn > 1")
+_PER_MODEL = ("layers", "nodes", "edges")
+_WITHOUT_SHADOWED = ("SELECT x.* EXCLUDE (_file) FROM {src} x ANTI JOIN _shadowed s "
+                     "ON s.model_id = x.model_id AND s.part = regexp_replace(x._file, '/[^/]*$', '')")
 
 
-def _source(files) -> str:
+def _source(files, with_file: bool = False) -> str:
     paths = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
-    return f"read_parquet([{paths}], union_by_name = true)"
+    return f"read_parquet([{paths}], union_by_name = true{', filename = ' + repr('_file') if with_file else ''})"
 
 
 def connect(catalog: Catalog | str, relations: Sequence[str] | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with a view per catalog relation (empty views where the
-    catalog has no files yet, typed by the relation's schema)."""
+    catalog has no files yet, typed by the relation's schema).
+
+    A model is read from one part only: ``models`` keeps its first committed row, and where two
+    parts hold the same model (concurrent writers), ``layers`` / ``nodes`` / ``edges`` drop the
+    rows of the other parts, so a graph is never doubled.
+    """
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     con = duckdb.connect()
-    for relation in relations or (INGEST_RELATIONS + RESULT_RELATIONS):
-        files = catalog.files(relation)
-        if files:
-            src = _source(files)
+    if catalog.remote:          # DuckDB reads object storage through the catalog's own fsspec file system
+        con.register_filesystem(catalog.fs)
+    wanted = list(relations or (INGEST_RELATIONS + RESULT_RELATIONS))
+    shadowed = False
+    model_files = catalog.files("models") if set(wanted) & {"models", *_PER_MODEL} else []
+    if model_files and set(wanted) & set(_PER_MODEL):
+        # tables, not registered Arrow objects: cursors (the loader's threads) must see them too
+        con.execute("CREATE TABLE _shadowed AS " + _SHADOWED.format(src=_source(model_files, True)))
+        shadowed = con.execute("SELECT count(*) FROM _shadowed").fetchone()[0] > 0
+    for relation in wanted:
+        files = model_files if relation == "models" else catalog.files(relation)
+        if not files:
+            con.register("_schema", FIXED_SCHEMAS[relation].empty_table())
+            con.execute(f"CREATE TABLE _empty_{relation} AS SELECT * FROM _schema")
+            con.unregister("_schema")
+            body = f"SELECT * FROM _empty_{relation}"
+        elif relation == "models":
+            body = _FIRST_COPY.format(src=_source(files, True))
+        elif relation in _PER_MODEL and shadowed:
+            body = _WITHOUT_SHADOWED.format(src=_source(files, True))
         else:
-            empty = FIXED_SCHEMAS[relation].empty_table()
-            con.register(f"_empty_{relation}", empty)
-            src = f"_empty_{relation}"
-        body = _DEDUP.get(relation, "SELECT * FROM {src}").format(src=src)
+            body = _DEDUP.get(relation, "SELECT * FROM {src}").format(src=_source(files))
         con.execute(f"CREATE OR REPLACE VIEW {relation} AS {body}")
     return con
 

@@ -38,7 +38,7 @@ def readonly_connection(catalog: Catalog | str | Path) -> duckdb.DuckDBPyConnect
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     catalog.require()
     con = duck.connect(catalog)
-    root = str(catalog.root.resolve()).replace("'", "''")
+    root = (catalog.root if catalog.remote else str(catalog.root.resolve())).replace("'", "''")
     con.execute(f"SET allowed_directories = ['{root}/']")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")

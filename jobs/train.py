@@ -8,6 +8,7 @@ metanetwork to ``CATALOG/artifacts/RUN_ID/``, and ``predicted_<target>`` to the 
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 import time
@@ -310,29 +311,31 @@ def write_run(catalog: Catalog, run_id: str, cfg: TrainConfig | dict, sel: Selec
 
 
 def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Selection, stats: LayerStats,
-                     mean: float, std: float, cfg: TrainConfig) -> Path:
+                     mean: float, std: float, cfg: TrainConfig):
     """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.pt`` state dict per member and ``metanet.json``."""
-    folder = catalog.artifacts_dir / run_id
-    folder.mkdir(parents=True, exist_ok=True)
     meta = {"model": models[0].cfg.to_dict(), "members": len(models), "stats": stats.to_dict(),
             "target_mean": mean, "target_std": std, "task": sel.task, "target": sel.target,
             "classes": sel.classes, "frame": list(sel.frame), "train": asdict(cfg)}
     for k, model in enumerate(models):
-        torch.save({key: v.cpu() for key, v in model.state_dict().items()}, folder / f"metanet-{k}.pt")
-    (folder / "metanet.json").write_text(json.dumps(meta, indent=1, default=str))
-    return folder
+        buf = io.BytesIO()
+        torch.save({key: v.cpu() for key, v in model.state_dict().items()}, buf)
+        catalog.write_artifact(run_id, f"metanet-{k}.pt", buf.getvalue())
+    catalog.write_artifact(run_id, "metanet.json", json.dumps(meta, indent=1, default=str).encode())
+    return catalog.location("artifacts", run_id)
 
 
 def load_metanetwork(catalog: Catalog, run_id: str, device: str = "cpu") -> tuple[list[NGGNN], dict]:
     """The trained members of a run (weights loaded with ``weights_only=True``) and its metadata."""
-    folder = catalog.artifacts_dir / run_id
-    if not (folder / "metanet.json").exists():
+    raw = catalog.read_artifact(run_id, "metanet.json")
+    if raw is None:
         raise JobError(f"no trained metanetwork for run {run_id!r} in {catalog.artifacts_dir}")
-    meta = json.loads((folder / "metanet.json").read_text())
+    meta = json.loads(raw)
     models = []
     for k in range(meta.get("members", 1)):
         model = NGGNN(NGGNNConfig.from_dict(meta["model"]))
-        model.load_state_dict(torch.load(folder / f"metanet-{k}.pt", map_location="cpu", weights_only=True))
+        state = torch.load(io.BytesIO(catalog.read_artifact(run_id, f"metanet-{k}.pt")), map_location="cpu",
+                           weights_only=True)
+        model.load_state_dict(state)
         models.append(model.to(device).eval())
     return models, meta
 
@@ -376,7 +379,7 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     con.close()
     new_run = f"{run_id}-predict-{uuid.uuid4().hex[:6]}"
     write_run(catalog, new_run, {"where": where, "source_run": run_id}, sel, {"ngnn": pred}, emb,
-              {"ngnn": metrics}, catalog.artifacts_dir / run_id, splits=np.array(["predict"] * len(sel.model_ids)))
+              {"ngnn": metrics}, catalog.location("artifacts", run_id), splits=np.array(["predict"] * len(sel.model_ids)))
     if store is not None:
         store.write_predictions(sel.target, zip(sel.model_ids, _store_values(sel, pred)), run_id)
     return PredictReport(run_id, len(sel.model_ids), sel.target, metrics)

@@ -62,7 +62,8 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str 
 
 def catalog_option(fn: Callable) -> Callable:
     return click.option("--catalog", "catalog", type=click.Path(file_okay=False), default=None,
-                        help="Catalog folder (default: $ZOOGRAPH_CATALOG or ./catalog).")(fn)
+                        help="Catalog folder, or object storage URL such as s3://bucket/catalog (credentials "
+                             "and endpoint from AWS_* variables) (default: $ZOOGRAPH_CATALOG or ./catalog).")(fn)
 
 
 def store_options(fn: Callable) -> Callable:

@@ -33,6 +33,25 @@ def neo4j_settings(uri: str | None = None, user: str | None = None,
     )
 
 
-def catalog_dir(path: str | os.PathLike | None = None) -> Path:
-    """The catalog folder: the flag, else ZOOGRAPH_CATALOG, else ./catalog."""
-    return Path(path or os.environ.get("ZOOGRAPH_CATALOG") or DEFAULT_CATALOG)
+def is_url(root: str | os.PathLike) -> bool:
+    """Whether a catalog root names object storage (``scheme://...``) rather than a folder."""
+    return "://" in str(root) and not str(root).startswith("file://")
+
+
+def catalog_dir(path: str | os.PathLike | None = None) -> Path | str:
+    """The catalog: the flag, else ZOOGRAPH_CATALOG, else ./catalog. A folder is a Path; an
+    object-storage URL (``s3://bucket/prefix``) stays a string."""
+    root = path or os.environ.get("ZOOGRAPH_CATALOG") or DEFAULT_CATALOG
+    return str(root) if is_url(root) else Path(root)
+
+
+def embedded_store_dir(catalog: str | os.PathLike) -> Path:
+    """Where the embedded graph store of a catalog lives: inside a catalog folder; for a catalog
+    on object storage, in a local cache keyed by its URL (rebuildable with `graphstore sync`)."""
+    if is_url(catalog):
+        import hashlib
+
+        key = hashlib.sha256(str(catalog).rstrip("/").encode()).hexdigest()[:16]
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return cache / "zoograph" / "graphs" / key
+    return Path(catalog)

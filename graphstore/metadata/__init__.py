@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from graphstore.metadata.base import MetadataStore, QueryResult
-from pipeline.config import Neo4jSettings, neo4j_settings
+from pipeline.config import Neo4jSettings, embedded_store_dir, neo4j_settings
 
 EMBEDDED_NAME = "graph.lbug"
 
@@ -12,7 +12,7 @@ EMBEDDED_NAME = "graph.lbug"
 def open_store(catalog_dir: str | Path, settings: Neo4jSettings | None = None, *,
                use_env: bool = True) -> MetadataStore:
     """Neo4j when ``settings`` (or NEO4J_URI, with ``use_env``) is given, else Ladybug in
-    ``CATALOG/graph.lbug``."""
+    ``CATALOG/graph.lbug`` (a local cache folder for a catalog on object storage)."""
     if settings is None and use_env:
         settings = neo4j_settings()
     if settings is not None:
@@ -21,7 +21,7 @@ def open_store(catalog_dir: str | Path, settings: Neo4jSettings | None = None, *
         return Neo4jStore(settings)
     from graphstore.metadata.ladybug_store import LadybugStore
 
-    return LadybugStore(Path(catalog_dir) / EMBEDDED_NAME)
+    return LadybugStore(embedded_store_dir(catalog_dir) / EMBEDDED_NAME)
 
 
 __all__ = ["MetadataStore", "QueryResult", "open_store", "EMBEDDED_NAME"]

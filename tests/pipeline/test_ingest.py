@@ -108,8 +108,9 @@ KILL_SCRIPT = r"""
 import os, sys, time
 from graphstore.catalog import Catalog
 original = Catalog._commit
-def slow_commit(self, base, name, tables):
+def slow_commit(self, kind, name, tables):
     # write every file of the part, then stall before the rename that publishes it
+    base = self.location(kind)
     tmp = base / f"_tmp-{name}"
     import pyarrow.parquet as pq
     base.mkdir(parents=True, exist_ok=True); tmp.mkdir()
@@ -168,3 +169,32 @@ def test_shards_split_a_zoo_without_collisions(tmp_path, mlp_zoo):
     names = [p.parent.name for p in Catalog(cat).files("models")]
     assert len(names) == len(set(names)) == 3 and all(f"s{i}of3" in n for i, n in enumerate(sorted(
         names, key=lambda n: n.split("-s")[1])))
+
+
+def test_two_writers_of_one_model_do_not_double_its_graph(tmp_path, mlp_zoo):
+    """Two machines ingest copies of one checkpoint (other names, so other shards) at the same
+    moment: both commit the model. The views read it from one part only."""
+    from jobs.data import read_models
+
+    src = sorted(mlp_zoo.glob("*.safetensors"))[0]
+    for zoo, name in (("z1", "a"), ("z2", "b")):
+        (tmp_path / zoo).mkdir()
+        shutil.copy(src, tmp_path / zoo / f"{name}.safetensors")
+        shutil.copy(src.with_suffix(".json"), tmp_path / zoo / f"{name}.json")
+    first = ingest_zoo(tmp_path / "z1", tmp_path / "cat", progress=False)
+    other = ingest_zoo(tmp_path / "z2", tmp_path / "other", progress=False)   # a writer that never saw "cat"
+    assert first.added == other.added == 1
+    part = Catalog(tmp_path / "other").files("models")[0].parent
+    shutil.move(str(part), str(tmp_path / "cat" / "parts" / part.name))     # both parts now committed in "cat"
+    assert len(Catalog(tmp_path / "cat").files("nodes")) == 2
+    con = duck.connect(tmp_path / "cat")
+    (model_id, checkpoint, n_nodes, n_edges), = con.execute(
+        "SELECT model_id, checkpoint, num_nodes, num_edges FROM models").fetchall()
+    assert checkpoint == "a.safetensors"                                     # the first committed copy
+    assert con.execute("SELECT count(*) FROM nodes").fetchone()[0] == n_nodes
+    assert con.execute("SELECT count(*) FROM edges").fetchone()[0] == n_edges
+    assert con.execute("SELECT count(*) FROM layers").fetchone()[0] == con.execute(
+        "SELECT num_ops FROM architectures").fetchone()[0]
+    arrays, = read_models(con, [model_id], {model_id: (1, 1)})
+    assert len(arrays.node_type) == n_nodes and len(arrays.src) == n_edges
+    con.close()
