@@ -139,7 +139,7 @@ def loss_barrier(evaluate: Evaluator, a: dict, b: dict, points: int, reset_bn: b
 def layer_activations(model: CatalogModel, state: dict[str, torch.Tensor], x: torch.Tensor) -> dict[int, np.ndarray]:
     """Per neuron layer, the (neurons, samples) responses to ``x``: the output of the module that
     last writes the layer (its conv / linear / norm, or the residual block summing into it)."""
-    net = model.module(state)
+    net = model.module(state).to(x.device)
     modules = dict(net.named_modules())
     writer = {op["dst_layer"]: op["path"] for op in model.plan.ops if op.get("path") in modules}
     acts: dict[int, np.ndarray] = {}
@@ -178,8 +178,8 @@ def node_embeddings(catalog: Catalog, run_id: str, model: CatalogModel, device: 
     try:
         g = arrays.normalised_graph(LayerStats.from_dict(meta["stats"]), frame, etypes,
                                     raw=bool(members[0].cfg.probes)).to(device)
-    except KeyError as exc:
-        raise JobError(f"run {run_id} never saw the edge types of model {model.model_id}: {exc}") from None
+    except ValueError as exc:
+        raise JobError(f"run {run_id} cannot embed model {model.model_id}: {exc}") from None
     out = np.zeros((model.graph.num_nodes, 0), dtype=np.float32)
     for net in members:
         h = net.node_embeddings(g)
@@ -235,10 +235,13 @@ def merge_models(catalog: Catalog | str, model_a: str, model_b: str, cfg: MergeC
                          loss_barrier(evaluate, sa, sb, cfg.points, cfg.reset_bn)))
     notes, merged = [], None
     for method in METHODS:
-        if method == "embeddings" and run_id is None and cfg.method != "embeddings":
-            notes.append("embedding matching skipped: no trained NG-GNN run in the catalog")
+        try:
+            perm = find_permutation(method, catalog, run_id, a, b, x_probe, cfg)
+        except JobError as exc:
+            if method == cfg.method:
+                raise
+            notes.append(f"{method} matching skipped: {exc}")     # a baseline that cannot run here
             continue
-        perm = find_permutation(method, catalog, run_id, a, b, x_probe, cfg)
         sb_aligned = a.state_dict(b.graph.permuted(perm))
         state = interpolate(sa, sb_aligned, cfg.alpha)
         moved = float((perm != np.arange(len(perm))).mean())

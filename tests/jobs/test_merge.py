@@ -112,3 +112,12 @@ def test_merge_refuses_models_of_two_architectures(pairs):
         merge_models(pairs["catalog"], a, b, MergeConfig(method="weights"))
     res = CliRunner().invoke(jobs_cli, ["merge", a, "nope", "--catalog", str(pairs["catalog"])])
     assert res.exit_code == 1 and "no model 'nope'" in res.output
+
+
+def test_a_baseline_that_cannot_run_is_noted_and_the_chosen_method_fails_clearly(pairs):
+    a, b = [r[0] for r in pairs["rows"] if r[1] == 2]
+    report = merge_models(pairs["catalog"], a, b, MergeConfig(method="weights", run_id="no-such-run"))
+    assert any("embeddings matching skipped" in n and "no-such-run" in n for n in report.notes)
+    assert {r.name for r in report.rows} >= {"aligned (weights)", "aligned (activations)"}
+    with pytest.raises(JobError, match="no trained metanetwork for run 'no-such-run'"):
+        merge_models(pairs["catalog"], a, b, MergeConfig(method="embeddings", run_id="no-such-run"))
