@@ -32,7 +32,7 @@ _WITHOUT_SHADOWED = ("SELECT x.* EXCLUDE (_file) FROM {src} x ANTI JOIN _shadowe
 
 def _source(files, with_file: bool = False) -> str:
     paths = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
-    return f"read_parquet([{paths}], union_by_name = true{', filename = ' + repr('_file') if with_file else ''})"
+    return f"read_parquet([{paths}], union_by_name = true" + (", filename = '_file')" if with_file else ")")
 
 
 def connect(catalog: Catalog | str, relations: Sequence[str] | None = None) -> duckdb.DuckDBPyConnection:

@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from graphstore import duck
+from jobs.data import dictionary_codes
 from pipeline.errors import JobError
 from pipeline.neural_graph.build import state_dict_from_graph
-from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES, RELATIONS, NeuralGraph
+from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS, NeuralGraph
 from pipeline.neural_graph.plan import Plan
 from pipeline.spec import build_module
 
@@ -53,11 +54,6 @@ class CatalogModel:
         return net.eval()
 
 
-def _codes(values: list[str], names: tuple[str, ...]) -> np.ndarray:
-    index = {n: i for i, n in enumerate(names)}
-    return np.array([index[v] for v in values], dtype=np.int8)
-
-
 def load_model(con, model_id: str) -> CatalogModel:
     """Rebuild ``model_id`` from the catalog's models, architectures, nodes and edges."""
     row = con.execute(MODEL_ROW, [model_id]).fetchone()
@@ -70,13 +66,13 @@ def load_model(con, model_id: str) -> CatalogModel:
     extra = np.stack([nodes.column("running_mean").to_numpy(zero_copy_only=False),
                       nodes.column("running_var").to_numpy(zero_copy_only=False)], 1).astype(np.float32)
     graph = NeuralGraph(
-        node_type=_codes(nodes.column("node_type").to_pylist(), NODE_TYPES),
+        node_type=dictionary_codes(nodes.column("node_type"), NODE_TYPES).astype(np.int8),
         node_layer=nodes.column("layer").to_numpy().astype(np.int32),
         node_position=nodes.column("position").to_numpy().astype(np.int32),
         bias=nodes.column("bias").to_numpy().astype(np.float32), extra=extra,
         layer_activation=[layer.activation for layer in plan.layers],
         src=edges.column("src").to_numpy().astype(np.int64), dst=edges.column("dst").to_numpy().astype(np.int64),
-        relation=_codes(edges.column("relation").to_pylist(), RELATIONS),
+        relation=dictionary_codes(edges.column("relation"), RELATIONS).astype(np.int8),
         edge_op=edges.column("layer").to_numpy().astype(np.int32),
         weight=weight.astype(np.float32).reshape(edges.num_rows, int(kh) * int(kw)),
         kernel_shape=(int(kh), int(kw)), ops=plan.ops, buffers=json.loads(buffers_json or "{}"))

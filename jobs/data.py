@@ -235,7 +235,7 @@ class ModelArrays:
                                  **extra)
 
 
-def _codes(col: pa.ChunkedArray | pa.Array, names: Sequence[str]) -> np.ndarray:
+def dictionary_codes(col: pa.ChunkedArray | pa.Array, names: Sequence[str]) -> np.ndarray:
     """Dictionary or string column -> codes into ``names``."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if pa.types.is_dictionary(arr.type):
@@ -281,13 +281,13 @@ def read_models(con, ids: Sequence[str], kernels: dict[str, tuple[int, int]],
         wcol = e.column("weight").combine_chunks()
         values = wcol.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
         out.append(ModelArrays(
-            model_id=mid, node_type=_codes(n.column("node_type"), NODE_TYPES).astype(np.int8),
+            model_id=mid, node_type=dictionary_codes(n.column("node_type"), NODE_TYPES).astype(np.int8),
             node_layer=n.column("layer").to_numpy().astype(np.int64),
             node_position=n.column("position").to_numpy().astype(np.int64),
             bias=n.column("bias").to_numpy().astype(np.float64),
-            activation=_codes(n.column("activation"), ACTIVATIONS),
+            activation=dictionary_codes(n.column("activation"), ACTIVATIONS),
             src=e.column("src").to_numpy().astype(np.int64), dst=e.column("dst").to_numpy().astype(np.int64),
-            relation=_codes(e.column("relation"), RELATIONS).astype(np.int8),
+            relation=dictionary_codes(e.column("relation"), RELATIONS).astype(np.int8),
             edge_layer=e.column("layer").to_numpy().astype(np.int64),
             weight=values.reshape(e.num_rows, kh * kw), kernel=(kh, kw)))
     return out
@@ -328,12 +328,10 @@ class GraphStream:
                         self._cached_bytes += size
         return [self._cache[i] if i in self._cache else graphs[i] for i in indices]
 
-    def batches(self, indices: Sequence[int], batch_size: int, shuffle: bool = False,
-                seed: int = 0) -> Iterator[tuple[np.ndarray, list]]:
-        """Yield (indices, graphs) batches; chunks are read ahead by worker threads."""
+    def batches(self, indices: Sequence[int], batch_size: int) -> Iterator[tuple[np.ndarray, list]]:
+        """Yield (indices, graphs) batches in the order given (training shuffles and shards with
+        ``jobs.distributed.shard``); chunks are read ahead by worker threads."""
         idx = np.array(indices, dtype=np.int64)
-        if shuffle:
-            idx = np.random.default_rng(seed).permutation(idx)
         groups = [idx[i:i + batch_size] for i in range(0, len(idx), batch_size)]
         if not groups:
             return

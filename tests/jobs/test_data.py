@@ -4,6 +4,7 @@ import pytest
 
 from graphstore import duck
 from jobs.data import GraphStream, hash_split, layer_stats, read_models, select_models
+from jobs.distributed import DistContext, shard
 from pipeline.neural_graph.graph import RELATIONS
 
 
@@ -50,5 +51,5 @@ def test_stream_gives_the_same_graphs_with_and_without_cache(catalog_dir):
                 assert np.array_equal(a.edges[et].data["w"].numpy(), b.edges[et].data["w"].numpy())
         seen += list(i1)
     assert seen == idx
-    again = [i for batch, _ in cached.batches(idx, 8, shuffle=True, seed=1) for i in batch]
+    again = [i for batch, _ in cached.batches(shard(idx, DistContext(), seed=1), 8) for i in batch]
     assert sorted(again) == idx and again != idx
