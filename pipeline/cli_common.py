@@ -61,7 +61,7 @@ def format_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str 
 
 
 def catalog_option(fn: Callable) -> Callable:
-    return click.option("--catalog", "catalog", type=click.Path(file_okay=False), default=None,
+    return click.option("--catalog", "catalog", type=click.Path(file_okay=False), default=None, metavar="DIR|URL",
                         help="Catalog folder, or object storage URL such as s3://bucket/catalog (credentials "
                              "and endpoint from AWS_* variables) (default: $ZOOGRAPH_CATALOG or ./catalog).")(fn)
 
