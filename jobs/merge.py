@@ -103,6 +103,14 @@ class Evaluator:
             reset_batch_norm(net, self.x_train)
         return net
 
+    def settle(self, state: dict[str, torch.Tensor], reset_bn: bool) -> dict[str, torch.Tensor]:
+        """``state`` with its batch-norm running statistics recomputed on training data (when
+        asked and the architecture has batch norm); every other entry unchanged."""
+        if not (reset_bn and self.has_bn):
+            return state
+        stats = self.module(state, True).state_dict()
+        return {**state, **{k: v.cpu() for k, v in stats.items() if "running_" in k}}
+
     @torch.no_grad()
     def __call__(self, state: dict[str, torch.Tensor], reset_bn: bool = False) -> tuple[float, float]:
         out = self.module(state, reset_bn)(self.x_test)
@@ -243,16 +251,13 @@ def merge_models(catalog: Catalog | str, model_a: str, model_b: str, cfg: MergeC
             notes.append(f"{method} matching skipped: {exc}")     # a baseline that cannot run here
             continue
         sb_aligned = a.state_dict(b.graph.permuted(perm))
-        state = interpolate(sa, sb_aligned, cfg.alpha)
+        state = evaluate.settle(interpolate(sa, sb_aligned, cfg.alpha), cfg.reset_bn)
         moved = float((perm != np.arange(len(perm))).mean())
-        rows.append(MergeRow(f"aligned ({method})", *evaluate(state, cfg.reset_bn),
+        rows.append(MergeRow(f"aligned ({method})", *evaluate(state),
                              loss_barrier(evaluate, sa, sb_aligned, cfg.points, cfg.reset_bn),
                              f"{moved:.0%} of nodes moved" + (f", run {run_id}" if method == "embeddings" else "")))
         if method == cfg.method:
             merged = state
-    if cfg.reset_bn and evaluate.has_bn:
-        merged = {**merged, **{k: v for k, v in evaluate.module(merged, True).state_dict().items()
-                               if "running_" in k}}
     report = MergeReport(model_a, model_b, cfg.method, cfg.alpha, rows, merged, a.spec,
                          run_id=run_id if cfg.method == "embeddings" else None, notes=notes)
     if out is not None:
