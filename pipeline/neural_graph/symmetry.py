@@ -57,3 +57,204 @@ def random_hidden_permutation(graph: NeuralGraph, rng: np.random.Generator) -> n
             drawn[rep] = rng.permutation(int(sizes[layer]))
         perm[offsets[layer]:offsets[layer] + sizes[layer]] = offsets[layer] + drawn[rep]
     return perm
+
+
+# --------------------------------------------------------------------------- scaling and sign symmetries
+#
+# Beyond permutations, a hidden neuron n of neuron layer l can be multiplied by a factor s_n when its
+# activation commutes with it: act(s z) = s act(z). Multiplying the neuron's incoming weights and bias
+# by s_n and dividing its outgoing weights by s_n then leaves the function unchanged. Which factors:
+#   relu, leaky_relu          s > 0       (positive homogeneity)
+#   tanh, sin                 s = +-1     (odd)
+#   identity                  s != 0      (linear)
+#   anything else             s = 1
+# A max pool on a layer does not commute with a sign flip, so there only s > 0 (or nothing) remains.
+# Residual (identity) edges tie their two layers to one factor per channel. A batch norm absorbs any
+# factor of its input (running mean times s, variance times s^2, gamma corrected for eps exactly) and
+# gives its output a factor of its own; a layer norm does not commute with per-neuron factors of its
+# input, so that input layer is fixed. Input, output and attention layers are fixed.
+
+SCALE, SIGN = "scale", "sign"
+_ACTIVATION_GROUPS = {"relu": {SCALE}, "leaky_relu": {SCALE}, "tanh": {SIGN}, "sin": {SIGN},
+                      "identity": {SCALE, SIGN}}
+_MAX_POOLS = {"max_pool", "adaptive_max_pool"}
+
+
+def max_pooled_layers(steps: list[dict] | None) -> set[int]:
+    """Neuron layers whose values pass through a max pool (from a plan's ``steps``)."""
+    return {int(s["layer"]) for s in (steps or []) if s.get("step") in _MAX_POOLS}
+
+
+def scale_classes(graph: NeuralGraph, steps: list[dict] | None = None) -> tuple[list[int], dict[int, set[str]]]:
+    """Layers that must share one factor per neuron (tied by residual edges), and the factors each class
+    allows: (representative per layer, {representative: subset of {"scale", "sign"}}).
+
+    ``steps`` (a plan's traced steps) tells where max pools are; without it every layer with spatial
+    maps (a conv output) is assumed max-pooled, which only ever forbids sign flips.
+    """
+    parent = list(range(graph.num_layers))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    allowed = [set(_ACTIVATION_GROUPS.get(act, set())) for act in graph.layer_activation]
+    pooled = max_pooled_layers(steps) if steps is not None else {
+        op["dst_layer"] for op in graph.ops if op["relation"] == "conv"}
+    for layer in pooled:
+        allowed[layer].discard(SIGN)
+    for layer in range(graph.num_layers):
+        if set(graph.node_type[graph.node_layer == layer].tolist()) - {NODE_TYPES.index("hidden")}:
+            allowed[layer] = set()
+    for op in graph.ops:
+        s, d = op["src_layer"], op["dst_layer"]
+        if op["relation"] == "residual":
+            parent[find(s)] = find(d)
+        elif op["relation"].startswith("attn_") or op["kind"] == "embedding":
+            allowed[d] = set()
+        elif op["kind"] == "layer_norm":
+            allowed[s] = set()
+        elif op["kind"] == "batch_norm" and not op.get("weight_key"):
+            allowed[s] = set()            # without gamma, eps makes the normalisation non-homogeneous
+            allowed[d] = set()
+    reps = [find(i) for i in range(graph.num_layers)]
+    groups: dict[int, set[str]] = {}
+    for layer, rep in enumerate(reps):
+        groups[rep] = groups.get(rep, {SCALE, SIGN}) & allowed[layer]
+    return reps, groups
+
+
+def apply_neuron_factors(graph: NeuralGraph, factors: np.ndarray) -> NeuralGraph:
+    """The graph of the network whose neuron ``n`` outputs ``factors[n]`` times the original's.
+
+    Incoming weights and biases are multiplied by the factor of their destination, outgoing ones divided
+    by the factor of their source, batch-norm statistics and gamma follow exactly. The caller chooses
+    factors the activations allow (see ``scale_classes``; ``random_rescaling`` does); this function checks
+    that residual edges join equal factors and that fixed layers keep factor 1 where it must.
+
+    Args:
+        factors: (N,) non-zero floats, 1 on input and output neurons.
+    """
+    s = np.asarray(factors, dtype=np.float64)
+    if s.shape != (graph.num_nodes,) or not np.isfinite(s).all() or (s == 0).any():
+        raise ValueError(f"factors must be {graph.num_nodes} finite non-zero numbers")
+    hidden = graph.node_type == NODE_TYPES.index("hidden")
+    if not np.allclose(s[~hidden], 1.0):
+        raise ValueError("input and output neurons cannot be rescaled")
+    weight = graph.weight.astype(np.float64)
+    bias = graph.bias.astype(np.float64) * s
+    extra = graph.extra.astype(np.float64)
+    for i, op in enumerate(graph.ops):
+        e = np.flatnonzero(graph.edge_op == i)
+        src, dst = graph.src[e], graph.dst[e]
+        if op["relation"] == "residual":
+            if not np.allclose(s[src], s[dst]):
+                raise ValueError(f"op {i} (residual) joins neurons with different factors")
+        elif op["kind"] == "batch_norm":
+            ks, ls = s[src], s[dst]
+            eps = float(op.get("eps", 1e-5))
+            mean, var = extra[dst, 0], extra[dst, 1]
+            gamma_factor = ls * np.sqrt(ks ** 2 * var + eps) / (ks * np.sqrt(var + eps))
+            weight[e] *= gamma_factor[:, None]
+            extra[dst, 0] = mean * ks
+            extra[dst, 1] = var * ks ** 2
+        elif op["kind"] == "layer_norm":
+            if not np.allclose(s[src], 1.0):
+                raise ValueError(f"op {i} (layer norm) cannot absorb factors on its input neurons")
+            weight[e] *= s[dst][:, None]
+        else:
+            weight[e] *= (s[dst] / s[src])[:, None]
+    return NeuralGraph(
+        node_type=graph.node_type, node_layer=graph.node_layer, node_position=graph.node_position,
+        bias=bias.astype(np.float32), extra=extra.astype(np.float32), layer_activation=list(graph.layer_activation),
+        src=graph.src, dst=graph.dst, relation=graph.relation, edge_op=graph.edge_op,
+        weight=weight.astype(np.float32), kernel_shape=graph.kernel_shape, ops=graph.ops, buffers=dict(graph.buffers))
+
+
+def random_factors(graph: NeuralGraph, rng: np.random.Generator, max_scale: float = 10.0,
+                   steps: list[dict] | None = None, signs: bool = True) -> np.ndarray:
+    """Per-neuron factors of a random function-preserving transformation: U[1, max_scale] magnitudes
+    where scaling is allowed, random signs where sign flips are (``signs``), 1 elsewhere."""
+    reps, groups = scale_classes(graph, steps)
+    sizes, offsets = graph.layer_sizes(), graph.layer_offsets()
+    s = np.ones(graph.num_nodes)
+    drawn: dict[int, np.ndarray] = {}
+    for layer, rep in enumerate(reps):
+        group = groups[rep]
+        if not group:
+            continue
+        if rep not in drawn:
+            n = int(sizes[layer])
+            f = rng.uniform(1.0, max_scale, n) if SCALE in group else np.ones(n)
+            if signs and SIGN in group:
+                f *= rng.choice([-1.0, 1.0], n)
+            drawn[rep] = f
+        s[offsets[layer]:offsets[layer] + sizes[layer]] = drawn[rep]
+    return s
+
+
+def random_rescaling(graph: NeuralGraph, rng: np.random.Generator, max_scale: float = 10.0,
+                     steps: list[dict] | None = None, signs: bool = True) -> NeuralGraph:
+    """A random function-preserving rescaling (and sign flip) of ``graph``'s hidden neurons."""
+    return apply_neuron_factors(graph, random_factors(graph, rng, max_scale, steps, signs))
+
+
+def _incoming_norms(graph: NeuralGraph, weight: np.ndarray, bias: np.ndarray, extra: np.ndarray,
+                    layers: set[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per node of ``layers``: the norm and the sum of its effective incoming coefficients (weights,
+    batch norm's gamma / sqrt(var + eps) and its effective bias, the node bias)."""
+    sq = np.zeros(graph.num_nodes)
+    total = np.zeros(graph.num_nodes)
+    for i, op in enumerate(graph.ops):
+        if op["dst_layer"] not in layers or op["relation"] == "residual":
+            continue
+        e = np.flatnonzero(graph.edge_op == i)
+        dst = graph.dst[e]
+        if op["kind"] == "batch_norm":
+            eps = float(op.get("eps", 1e-5))
+            a = weight[e].sum(1) / np.sqrt(extra[dst, 1] + eps)
+            c = -a * extra[dst, 0]
+            np.add.at(sq, dst, a ** 2 + c ** 2)
+            np.add.at(total, dst, a + c)
+        else:
+            np.add.at(sq, dst, (weight[e] ** 2).sum(1))
+            np.add.at(total, dst, weight[e].sum(1))
+    return np.sqrt(sq + bias ** 2), total + bias
+
+
+def canonical_scaling(graph: NeuralGraph, steps: list[dict] | None = None) -> tuple[NeuralGraph, np.ndarray]:
+    """One representative per scaling (and sign) orbit: every rescalable hidden neuron gets unit-norm
+    incoming coefficients (weights and bias), and, where signs may flip, a positive sum of them; the
+    factor is pushed forward into its outgoing weights. Returns the canonical graph and the factors used.
+
+    Two networks that differ by a function-preserving rescaling (``random_rescaling``) have the same
+    canonical graph up to float rounding. Layers are processed in order; a class of layers tied by
+    residual edges takes its factors from its first layer's incoming coefficients.
+    """
+    reps, groups = scale_classes(graph, steps)
+    sizes, offsets = graph.layer_sizes(), graph.layer_offsets()
+    s = np.ones(graph.num_nodes)
+    done: set[int] = set()
+    current = graph
+    for layer, rep in enumerate(reps):
+        group = groups[rep]
+        if not group or rep in done:
+            continue
+        done.add(rep)
+        norm, total = _incoming_norms(current, current.weight.astype(np.float64), current.bias.astype(np.float64),
+                                      current.extra.astype(np.float64), {layer})
+        sl = slice(offsets[layer], offsets[layer] + sizes[layer])
+        f = np.ones(int(sizes[layer]))
+        if SCALE in group:
+            f = np.where(norm[sl] > 0, 1.0 / np.where(norm[sl] > 0, norm[sl], 1.0), 1.0)
+        if SIGN in group:
+            f = f * np.where(total[sl] < 0, -1.0, 1.0)
+        step = np.ones(graph.num_nodes)
+        for other, r in enumerate(reps):
+            if r == rep:
+                step[offsets[other]:offsets[other] + sizes[other]] = f
+        current = apply_neuron_factors(current, step)
+        s *= step
+    return current, s

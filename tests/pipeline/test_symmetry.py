@@ -1,0 +1,130 @@
+"""Scaling and sign symmetries: function-preserving transforms and the scale canonicalisation."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from pipeline.neural_graph.build import state_dict_from_graph
+from pipeline.neural_graph.convert import convert_state_dict
+from pipeline.neural_graph.graph import NODE_TYPES
+from pipeline.neural_graph.symmetry import (SCALE, SIGN, apply_neuron_factors, canonical_scaling, random_factors,
+                                            random_rescaling, scale_classes)
+from pipeline.spec import build_module
+from tests.pipeline.test_neural_graph import SPECS, randomize, sample_input
+
+RELU_RES_CNN = {"input_shape": [1, 8, 8], "layers": [
+    {"type": "conv2d", "out_channels": 6, "kernel_size": 3, "padding": 1},
+    {"type": "batchnorm"}, {"type": "activation", "fn": "relu"},
+    {"type": "residual", "body": [
+        {"type": "conv2d", "out_channels": 6, "kernel_size": 3, "padding": 1, "bias": False},
+        {"type": "batchnorm"}, {"type": "activation", "fn": "relu"},
+        {"type": "conv2d", "out_channels": 6, "kernel_size": 5, "padding": 2, "groups": 6}]},
+    {"type": "activation", "fn": "relu"},
+    {"type": "maxpool", "kernel_size": 2},
+    {"type": "conv2d", "out_channels": 5, "kernel_size": 3, "padding": 1},
+    {"type": "activation", "fn": "leaky_relu"},
+    {"type": "adaptive_avgpool", "output_size": 2}, {"type": "flatten"},
+    {"type": "linear", "out_features": 7}, {"type": "activation", "fn": "relu"},
+    {"type": "linear", "out_features": 10}]}
+TANH_MLP = {"input_shape": [5], "layers": [
+    {"type": "linear", "out_features": 12}, {"type": "activation", "fn": "tanh"},
+    {"type": "linear", "out_features": 9}, {"type": "batchnorm"}, {"type": "activation", "fn": "tanh"},
+    {"type": "linear", "out_features": 8},
+    {"type": "linear", "out_features": 3}]}
+SIREN = {"input_shape": [2], "layers": [
+    {"type": "linear", "out_features": 16}, {"type": "activation", "fn": "sin"},
+    {"type": "linear", "out_features": 16}, {"type": "activation", "fn": "sin"},
+    {"type": "linear", "out_features": 1}]}
+CASES = {**SPECS, "relu_res_cnn": RELU_RES_CNN, "tanh_mlp": TANH_MLP, "siren": SIREN}
+
+
+def _convert(name, seed=0):
+    spec = CASES[name]
+    model = randomize(build_module(spec), seed)
+    conv = convert_state_dict(model.state_dict(), spec)
+    return spec, model, conv
+
+
+def _run(spec, graph, x):
+    net = build_module(spec)
+    net.load_state_dict(state_dict_from_graph(graph))
+    with torch.no_grad():
+        return net.eval()(x)
+
+
+def _rel(a, b):
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(sorted(CASES)), seed=st.integers(0, 10_000), max_scale=st.sampled_from([2.0, 10.0, 1e3]))
+def test_random_rescaling_preserves_the_function(name, seed, max_scale):
+    spec, model, conv = _convert(name, seed % 7)
+    x = sample_input(spec, n=16, seed=seed)
+    rng = np.random.default_rng(seed)
+    moved = random_rescaling(conv.graph, rng, max_scale, steps=conv.plan.steps)
+    with torch.no_grad():
+        expected = model(x)
+    assert _rel(_run(spec, moved, x), expected) < 1e-5
+
+
+@pytest.mark.parametrize("name, layer_groups", [
+    ("relu_res_cnn", {SCALE}), ("tanh_mlp", {SIGN}), ("siren", {SIGN})])
+def test_the_transform_is_not_trivial(name, layer_groups):
+    """Factors really move weights, in the groups each activation allows (a test that can fail)."""
+    spec, model, conv = _convert(name)
+    reps, groups = scale_classes(conv.graph, conv.plan.steps)
+    assert any(g == layer_groups for g in groups.values())
+    s = random_factors(conv.graph, np.random.default_rng(0), 10.0, conv.plan.steps)
+    hidden = conv.graph.node_type == NODE_TYPES.index("hidden")
+    assert (s[hidden] != 1).mean() > 0.3
+    assert not np.allclose(apply_neuron_factors(conv.graph, s).weight, conv.graph.weight)
+
+
+def test_a_factor_the_activation_does_not_allow_changes_the_function():
+    """Scaling a GELU layer or sign-flipping a ReLU layer changes the output: the classes are not too
+    permissive, so the preservation test above is meaningful."""
+    for name, fn in (("cnn", "gelu"), ("relu_res_cnn", "relu")):
+        spec, model, conv = _convert(name)
+        g = conv.graph
+        layer = g.layer_activation.index(fn)
+        s = np.ones(g.num_nodes)
+        s[g.node_layer == layer] = -3.0 if fn == "relu" else 3.0
+        reps, _ = scale_classes(g, conv.plan.steps)
+        for other, r in enumerate(reps):
+            if r == reps[layer]:
+                s[g.node_layer == other] = s[g.node_layer == layer][0]
+        x = sample_input(spec, n=16)
+        with torch.no_grad():
+            assert _rel(_run(spec, apply_neuron_factors(g, s), x), model(x)) > 1e-3
+
+
+def test_fixed_neurons_and_layer_norm_inputs_are_refused():
+    spec, model, conv = _convert("mlp")     # linear -> tanh -> linear -> layernorm -> ...
+    g = conv.graph
+    s = np.ones(g.num_nodes)
+    s[g.node_type == NODE_TYPES.index("input")] = 2.0
+    with pytest.raises(ValueError, match="input and output"):
+        apply_neuron_factors(g, s)
+    ln = next(op for op in g.ops if op["kind"] == "layer_norm")
+    s = np.ones(g.num_nodes)
+    s[g.node_layer == ln["src_layer"]] = 2.0
+    with pytest.raises(ValueError, match="layer norm"):
+        apply_neuron_factors(g, s)
+    reps, groups = scale_classes(g, conv.plan.steps)
+    assert groups[reps[ln["src_layer"]]] == set()
+
+
+@settings(max_examples=20, deadline=None)
+@given(name=st.sampled_from(["relu_res_cnn", "tanh_mlp", "siren", "cnn", "mlp"]), seed=st.integers(0, 10_000))
+def test_canonical_scaling_is_one_representative_per_orbit(name, seed):
+    spec, model, conv = _convert(name, seed % 5)
+    base, _ = canonical_scaling(conv.graph, conv.plan.steps)
+    moved = random_rescaling(conv.graph, np.random.default_rng(seed), 1e3, steps=conv.plan.steps)
+    again, _ = canonical_scaling(moved, conv.plan.steps)
+    np.testing.assert_allclose(again.weight, base.weight, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(again.bias, base.bias, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.nan_to_num(again.extra), np.nan_to_num(base.extra), rtol=1e-4, atol=1e-6)
+    x = sample_input(spec, n=8, seed=seed)
+    with torch.no_grad():
+        assert _rel(_run(spec, base, x), model(x)) < 1e-5
