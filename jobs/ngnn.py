@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import dgl
-import dgl.function as fn
 import torch
 from torch import nn
 
@@ -78,44 +77,75 @@ class RelationalPNALayer(nn.Module):
         self.register_buffer("delta", torch.zeros(len(self.etypes)))
         self.register_buffer("delta_set", torch.zeros((), dtype=torch.bool))
 
-    def forward(self, g: dgl.DGLHeteroGraph, h: dict[str, torch.Tensor], e: dict[CanonicalEtype, torch.Tensor]):
+    def forward(self, g: dgl.DGLHeteroGraph, h: dict[str, torch.Tensor], e: dict[CanonicalEtype, torch.Tensor],
+                structure: dict[CanonicalEtype, "EdgeIndex"] | None = None):
+        structure = structure if structure is not None else edge_index(g, self.etypes)
         agg = {t: torch.zeros_like(h[t]) for t in h}
         new_e = {}
         calibrate = self.training and not bool(self.delta_set)
+        H = h[next(iter(h))].shape[-1]
         for k, et in enumerate(self.etypes):
-            if et not in e or g.num_edges(et) == 0:
+            if et not in e or et not in structure:
                 continue
             s, _, d = et
-            with g.local_scope():
-                g.nodes[s].data["hs"] = self.msg[_key(et)](h[s])
-                gamma, beta = self.film[_key(et)](e[et]).chunk(2, dim=-1)
-                g.edges[et].data["gamma"], g.edges[et].data["beta"] = gamma, beta
-                g.apply_edges(lambda ed: {"m": ed.data["gamma"] * ed.src["hs"] + ed.data["beta"]}, etype=et)
-                g.edges[et].data["m2"] = g.edges[et].data["m"] ** 2
-                g.update_all(fn.copy_e("m", "x"), fn.mean("x", "mean"), etype=et)
-                g.update_all(fn.copy_e("m", "x"), fn.max("x", "max"), etype=et)
-                g.update_all(fn.copy_e("m2", "x"), fn.mean("x", "sq"), etype=et)
-                mean, mx, sq = (g.nodes[d].data[n] for n in ("mean", "max", "sq"))
-                std = torch.sqrt(torch.relu(sq - mean ** 2) + 1e-6)
-                deg = g.in_degrees(etype=et).float().clamp(min=1).unsqueeze(-1)
-                logd = torch.log(deg + 1)
-                if calibrate:
-                    self.delta[k] = logd[deg.squeeze(-1) > 0].mean().detach()
-                delta = self.delta[k].clamp(min=1e-3)
-                feats = torch.cat([mean, mx, std], dim=-1)
-                scaled = torch.cat([feats, feats * (logd / delta), feats * (delta / logd)], dim=-1)
-                has = (g.in_degrees(etype=et) > 0).float().unsqueeze(-1)
-                agg[d] = agg[d] + self.post[_key(et)](scaled) * has
-                # edge update from both endpoints
-                g.nodes[s].data["hsrc"] = h[s]
-                g.nodes[d].data["hdst"] = h[d]
-                g.apply_edges(lambda ed: {"cat": torch.cat([ed.src["hsrc"], ed.dst["hdst"]], -1)}, etype=et)
-                cat = torch.cat([e[et], g.edges[et].data["cat"]], dim=-1)
-                new_e[et] = e[et] + self.edge_update[_key(et)](cat)
+            ix = structure[et]
+            key = _key(et)
+            gamma, beta = self.film[key](e[et]).chunk(2, dim=-1)
+            m = gamma * self.msg[key](h[s])[ix.src] + beta                       # (E, H) FiLM messages
+            sums = torch.zeros(ix.num_dst, 2 * H, dtype=m.dtype, device=m.device)
+            sums.index_add_(0, ix.dst, torch.cat([m, m * m], -1))
+            mean, sq = (sums / ix.deg).chunk(2, dim=-1)
+            mx = dgl.ops.segment_reduce(ix.seglen, m[ix.by_dst], "max")         # 0 where no in-edge
+            std = torch.sqrt(torch.relu(sq - mean ** 2) + 1e-6)
+            if calibrate:
+                self.delta[k] = ix.logd.mean().detach()
+            delta = self.delta[k].clamp(min=1e-3)
+            feats = torch.cat([mean, mx, std], dim=-1)
+            scaled = torch.cat([feats, feats * (ix.logd / delta), feats * (delta / ix.logd)], dim=-1)
+            agg[d] = agg[d] + self.post[key](scaled) * ix.has
+            # edge update from both endpoints: the first linear map of cat(e, h_src, h_dst) is split
+            # into its three column blocks, so the node terms are computed per node, then gathered
+            first, rest = self.edge_update[key][0], self.edge_update[key][1:]
+            eh = e[et].shape[-1]
+            w_e, w_s, w_d = first.weight[:, :eh], first.weight[:, eh:eh + H], first.weight[:, eh + H:]
+            pre = (e[et] @ w_e.T + first.bias + (h[s] @ w_s.T)[ix.src] + (h[d] @ w_d.T)[ix.dst])
+            new_e[et] = e[et] + rest(pre)
         if calibrate:
             self.delta_set.fill_(True)
         out = {t: self.norm[t](h[t] + self.node_update[t](torch.cat([h[t], agg[t]], -1))) for t in h}
         return out, {**e, **new_e}
+
+
+@dataclass
+class EdgeIndex:
+    """One canonical edge type of a (batched) graph, computed once per forward pass and shared by
+    every layer: endpoints, the edges ordered by destination with per-destination counts (for
+    segment max), and PNA's degree terms."""
+
+    src: torch.Tensor          # (E,) source node index in its node type
+    dst: torch.Tensor          # (E,)
+    by_dst: torch.Tensor       # (E,) edge order sorted by destination
+    seglen: torch.Tensor       # (N_dst,) in-degree
+    deg: torch.Tensor          # (N_dst, 1) in-degree clamped to >= 1, float
+    logd: torch.Tensor         # (N_dst, 1) log(deg + 1)
+    has: torch.Tensor          # (N_dst, 1) 1.0 where the node has an in-edge
+    num_dst: int
+
+
+def edge_index(g: dgl.DGLHeteroGraph, etypes: Sequence[CanonicalEtype]) -> dict[CanonicalEtype, EdgeIndex]:
+    """EdgeIndex of every edge type of ``etypes`` that ``g`` has edges of."""
+    out = {}
+    present = set(g.canonical_etypes)
+    for et in etypes:
+        et = tuple(et)
+        if et not in present or g.num_edges(et) == 0:
+            continue
+        src, dst = g.edges(etype=et)
+        seglen = g.in_degrees(etype=et)
+        deg = seglen.float().clamp(min=1).unsqueeze(-1)
+        out[et] = EdgeIndex(src, dst, torch.argsort(dst, stable=True), seglen, deg, torch.log(deg + 1),
+                            (seglen > 0).float().unsqueeze(-1), g.num_nodes(et[2]))
+    return out
 
 
 class NGGNN(nn.Module):
@@ -167,8 +197,9 @@ class NGGNN(nn.Module):
         h = self.encode_nodes(g, self.probes(g) if self.probes is not None else None)
         e = {et: self.edge_in(g.edges[et].data["w"]) + self.rel_emb[_key(et)] for et in self.cfg.etypes
              if et in g.canonical_etypes}
+        structure = edge_index(g, self.cfg.etypes)
         for layer in self.layers:
-            h, e = layer(g, h, e)
+            h, e = layer(g, h, e, structure)
         return h, e
 
     def node_embeddings(self, g) -> dict[str, torch.Tensor]:
