@@ -91,11 +91,11 @@ class RelationalPNALayer(nn.Module):
             ix = structure[et]
             key = _key(et)
             gamma, beta = self.film[key](e[et]).chunk(2, dim=-1)
-            m = gamma * self.msg[key](h[s])[ix.src] + beta                       # (E, H) FiLM messages
+            m = gamma * self.msg[key](h[s]).index_select(0, ix.src) + beta                       # (E, H) FiLM messages
             sums = torch.zeros(ix.num_dst, 2 * H, dtype=m.dtype, device=m.device)
             sums.index_add_(0, ix.dst, torch.cat([m, m * m], -1))
             mean, sq = (sums / ix.deg).chunk(2, dim=-1)
-            mx = dgl.ops.segment_reduce(ix.seglen, m[ix.by_dst], "max")         # 0 where no in-edge
+            mx = dgl.ops.segment_reduce(ix.seglen, m.index_select(0, ix.by_dst), "max")         # 0 where no in-edge
             std = torch.sqrt(torch.relu(sq - mean ** 2) + 1e-6)
             if calibrate:
                 self.delta[k] = ix.logd.mean().detach()
@@ -108,7 +108,8 @@ class RelationalPNALayer(nn.Module):
             first, rest = self.edge_update[key][0], self.edge_update[key][1:]
             eh = e[et].shape[-1]
             w_e, w_s, w_d = first.weight[:, :eh], first.weight[:, eh:eh + H], first.weight[:, eh + H:]
-            pre = (e[et] @ w_e.T + first.bias + (h[s] @ w_s.T)[ix.src] + (h[d] @ w_d.T)[ix.dst])
+            pre = (e[et] @ w_e.T + first.bias + (h[s] @ w_s.T).index_select(0, ix.src)
+                   + (h[d] @ w_d.T).index_select(0, ix.dst))
             new_e[et] = e[et] + rest(pre)
         if calibrate:
             self.delta_set.fill_(True)
