@@ -11,23 +11,17 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from graphstore import duck
-from jobs.data import dictionary_codes
+from graphstore.graph_codec import read_graphs
 from pipeline.errors import JobError
 from pipeline.neural_graph.build import state_dict_from_graph
-from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS, NeuralGraph
+from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan
 from pipeline.spec import build_module
 
-MODEL_ROW = ("SELECT m.model_id, m.architecture_id, m.checkpoint, m.kernel_h, m.kernel_w, m.buffers_json, "
-             "m.metadata_json, a.plan_json, a.spec_json FROM models m JOIN architectures a USING (architecture_id) "
-             "WHERE m.model_id = ?")
-NODES = ("SELECT node_type, layer, position, bias, running_mean, running_var FROM nodes WHERE model_id = ? "
-         "ORDER BY node")
-EDGES = "SELECT src, dst, relation, layer, weight FROM edges WHERE model_id = ?"
+MODEL_ROW = ("SELECT m.model_id, m.architecture_id, m.checkpoint, m.metadata_json, a.plan_json, a.spec_json "
+             "FROM models m JOIN architectures a USING (architecture_id) WHERE m.model_id = ?")
 
 
 @dataclass
@@ -59,22 +53,8 @@ def load_model(con, model_id: str) -> CatalogModel:
     row = con.execute(MODEL_ROW, [model_id]).fetchone()
     if row is None:
         raise JobError(f"no model {model_id!r} in the catalog")
-    _, arch, checkpoint, kh, kw, buffers_json, metadata_json, plan_json, spec_json = row
+    _, arch, checkpoint, metadata_json, plan_json, spec_json = row
     plan = Plan.from_json(plan_json)
-    nodes, edges = duck.table(con, NODES, [model_id]), duck.table(con, EDGES, [model_id])
-    weight = edges.column("weight").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    extra = np.stack([nodes.column("running_mean").to_numpy(zero_copy_only=False),
-                      nodes.column("running_var").to_numpy(zero_copy_only=False)], 1).astype(np.float32)
-    graph = NeuralGraph(
-        node_type=dictionary_codes(nodes.column("node_type"), NODE_TYPES).astype(np.int8),
-        node_layer=nodes.column("layer").to_numpy().astype(np.int32),
-        node_position=nodes.column("position").to_numpy().astype(np.int32),
-        bias=nodes.column("bias").to_numpy().astype(np.float32), extra=extra,
-        layer_activation=[layer.activation for layer in plan.layers],
-        src=edges.column("src").to_numpy().astype(np.int64), dst=edges.column("dst").to_numpy().astype(np.int64),
-        relation=dictionary_codes(edges.column("relation"), RELATIONS).astype(np.int8),
-        edge_op=edges.column("layer").to_numpy().astype(np.int32),
-        weight=weight.astype(np.float32).reshape(edges.num_rows, int(kh) * int(kw)),
-        kernel_shape=(int(kh), int(kw)), ops=plan.ops, buffers=json.loads(buffers_json or "{}"))
+    graph, = read_graphs(con, [model_id], plans={arch: plan})
     return CatalogModel(model_id, arch, checkpoint, plan, json.loads(spec_json) if spec_json else None,
                         graph.validate(), json.loads(metadata_json or "{}"))

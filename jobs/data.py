@@ -12,16 +12,15 @@ import hashlib
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
-import pyarrow as pa
 
-from graphstore import duck
+from graphstore.graph_codec import ids_table, read_graphs, read_plans
 from graphstore.sql import check_readonly
 from pipeline.neural_graph.heterograph import CanonicalEtype, build_heterograph, reframe, with_reverses
 from pipeline.errors import JobError
-from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES, RELATIONS
+from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS, NeuralGraph
 
 SPLITS = ("train", "val", "test")
 
@@ -117,15 +116,10 @@ def _label(v) -> str:
     return str(v)
 
 
-def _ids_table(con, ids: Sequence[str], name: str = "_ids"):
-    con.register(name, pa.table({"model_id": pa.array(list(ids), pa.string())}))
-    return name
-
-
 def edge_types(con, ids: Sequence[str]) -> list[CanonicalEtype]:
     """Canonical edge types of the selected models, from layers x per-layer node types (cheap)."""
     cur = con.cursor()
-    _ids_table(cur, ids)
+    ids_table(cur, ids)
     rows = cur.execute(
         "WITH lt AS (SELECT DISTINCT n.model_id, n.layer, CAST(n.node_type AS VARCHAR) AS t FROM nodes n "
         "JOIN _ids USING (model_id)) "
@@ -174,7 +168,7 @@ def layer_stats(con, train_ids: Sequence[str]) -> LayerStats:
     """Zeros in edge vectors are the kernel frame's padding and are left out (a trained weight of
     exactly 0.0 is vanishingly rare)."""
     cur = con.cursor()
-    _ids_table(cur, train_ids)
+    ids_table(cur, train_ids)
     b = cur.execute("SELECT layer, avg(bias), stddev_pop(bias) FROM nodes JOIN _ids USING (model_id) "
                     "WHERE CAST(node_type AS VARCHAR) <> 'input' GROUP BY layer ORDER BY layer").fetchall()
     w = cur.execute("SELECT layer, CAST(relation AS VARCHAR), avg(x), stddev_pop(x) FROM (SELECT layer, relation, "
@@ -187,110 +181,29 @@ def layer_stats(con, train_ids: Sequence[str]) -> LayerStats:
     return LayerStats(bm, bs, wm, ws)
 
 
-@dataclass
-class ModelArrays:
-    """The raw arrays of one model's graph, as read from the catalog."""
-
-    model_id: str
-    node_type: np.ndarray
-    node_layer: np.ndarray
-    node_position: np.ndarray
-    bias: np.ndarray
-    activation: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
-    relation: np.ndarray
-    edge_layer: np.ndarray
-    weight: np.ndarray                   # (E, kh*kw) in the model's own frame
-    kernel: tuple[int, int]
-
-    @classmethod
-    def from_graph(cls, model_id: str, graph) -> "ModelArrays":
-        """The arrays of an in-memory NeuralGraph, as if read from the catalog."""
-        return cls(model_id, graph.node_type, graph.node_layer.astype(np.int64),
-                   graph.node_position.astype(np.int64), graph.bias.astype(np.float64),
-                   graph.node_activation_codes(), graph.src, graph.dst, graph.relation,
-                   graph.edge_op.astype(np.int64), graph.weight, tuple(graph.kernel_shape))
-
-    def normalised_graph(self, stats: LayerStats, frame: tuple[int, int], etypes: Sequence[CanonicalEtype],
-                         raw: bool = False):
-        """The DGL graph with per-layer normalised features; ``raw`` also keeps the raw scalar
-        weights and biases that probe features need (1x1 edges only)."""
-        bm, bs = stats.bias(self.node_layer)
-        bias = (self.bias - bm) / bs
-        bias[self.node_type == NODE_TYPES.index("input")] = 0.0
-        w = reframe(self.weight, self.kernel, frame)
-        pad = w == 0
-        wm, ws = stats.weight(self.edge_layer, self.relation.astype(np.int64))
-        w = (w - wm[:, None]) / ws[:, None]
-        w[pad] = 0.0
-        extra = {}
-        if raw:
-            if self.kernel != (1, 1):
-                raise JobError(f"model {self.model_id}: probe features need 1x1 edges (MLP / INR zoos), "
-                               f"this graph has {self.kernel[0]}x{self.kernel[1]} kernels")
-            extra = {"raw_bias": self.bias, "raw_weight": self.weight[:, 0]}
-        return build_heterograph(self.node_type, self.node_layer, self.node_position, bias.astype(np.float32),
-                                 self.activation, self.src, self.dst, self.relation, w.astype(np.float32), etypes,
-                                 **extra)
-
-
-def dictionary_codes(col: pa.ChunkedArray | pa.Array, names: Sequence[str]) -> np.ndarray:
-    """Dictionary or string column -> codes into ``names``."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if pa.types.is_dictionary(arr.type):
-        lut = np.array([names.index(v) for v in arr.dictionary.to_pylist()], dtype=np.int64)
-        return lut[arr.indices.to_numpy(zero_copy_only=False)]
-    index = {n: i for i, n in enumerate(names)}
-    return np.array([index[v] for v in arr.to_pylist()], dtype=np.int64)
-
-
-NODES_QUERY = ("SELECT model_id, node, node_type, layer, position, bias, activation FROM nodes "
-               "WHERE model_id IN (SELECT model_id FROM {ids}) ORDER BY model_id, node")
-EDGES_QUERY = ("SELECT model_id, src, dst, relation, layer, weight FROM edges "
-               "WHERE model_id IN (SELECT model_id FROM {ids}) ORDER BY model_id, layer, dst, src")
-
-
-def _split_by_model(table: pa.Table) -> dict[str, pa.Table]:
-    ids = table.column("model_id").to_numpy(zero_copy_only=False)
-    if len(ids) == 0:
-        return {}
-    change = np.nonzero(ids[1:] != ids[:-1])[0] + 1
-    starts = np.concatenate([[0], change])
-    ends = np.concatenate([change, [len(ids)]])
-    return {ids[s]: table.slice(s, e - s) for s, e in zip(starts, ends)}
-
-
-def read_models(con, ids: Sequence[str], kernels: dict[str, tuple[int, int]],
-                batch_size: int = 262_144) -> list[ModelArrays]:
-    """Stream the nodes and edges of ``ids`` out of DuckDB (record batches) into ModelArrays."""
-    cur = con.cursor()
-    name = _ids_table(cur, ids, "_chunk")
-    nodes = pa.Table.from_batches(list(duck.stream(cur, NODES_QUERY.format(ids=name), batch_size=batch_size,
-                                                   private_cursor=False)))
-    edges = pa.Table.from_batches(list(duck.stream(cur, EDGES_QUERY.format(ids=name), batch_size=batch_size,
-                                                   private_cursor=False)))
-    cur.close()
-    by_nodes, by_edges = _split_by_model(nodes), _split_by_model(edges)
-    out = []
-    for mid in ids:
-        n, e = by_nodes.get(mid), by_edges.get(mid)
-        if n is None or e is None:
-            raise JobError(f"model {mid} has no nodes or edges in the catalog")
-        kh, kw = kernels[mid]
-        wcol = e.column("weight").combine_chunks()
-        values = wcol.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-        out.append(ModelArrays(
-            model_id=mid, node_type=dictionary_codes(n.column("node_type"), NODE_TYPES).astype(np.int8),
-            node_layer=n.column("layer").to_numpy().astype(np.int64),
-            node_position=n.column("position").to_numpy().astype(np.int64),
-            bias=n.column("bias").to_numpy().astype(np.float64),
-            activation=dictionary_codes(n.column("activation"), ACTIVATIONS),
-            src=e.column("src").to_numpy().astype(np.int64), dst=e.column("dst").to_numpy().astype(np.int64),
-            relation=dictionary_codes(e.column("relation"), RELATIONS).astype(np.int8),
-            edge_layer=e.column("layer").to_numpy().astype(np.int64),
-            weight=values.reshape(e.num_rows, kh * kw), kernel=(kh, kw)))
-    return out
+def normalised_graph(graph: NeuralGraph, stats: LayerStats, frame: tuple[int, int],
+                     etypes: Sequence[CanonicalEtype], raw: bool = False, model_id: str = "?"):
+    """The metanetwork's input: ``graph`` as a DGL heterograph with per-layer normalised features
+    (biases by neuron layer, weights by operation and relation, kernels reframed to ``frame``);
+    ``raw`` also keeps the raw scalar weights and biases that probe features need (1x1 edges only)."""
+    bm, bs = stats.bias(graph.node_layer)
+    bias = (graph.bias.astype(np.float64) - bm) / bs
+    bias[graph.node_type == NODE_TYPES.index("input")] = 0.0
+    w = reframe(graph.weight, graph.kernel_shape, frame)
+    pad = w == 0
+    wm, ws = stats.weight(graph.edge_op, graph.relation.astype(np.int64))
+    w = (w - wm[:, None]) / ws[:, None]
+    w[pad] = 0.0
+    extra = {}
+    if raw:
+        if tuple(graph.kernel_shape) != (1, 1):
+            raise JobError(f"model {model_id}: probe features need 1x1 edges (MLP / INR zoos), "
+                           f"this graph has {graph.kernel_shape[0]}x{graph.kernel_shape[1]} kernels")
+        extra = {"raw_bias": graph.bias.astype(np.float64), "raw_weight": graph.weight[:, 0]}
+    return build_heterograph(graph.node_type, graph.node_layer.astype(np.int64),
+                             graph.node_position.astype(np.int64), bias.astype(np.float32),
+                             graph.node_activation_codes(), graph.src, graph.dst, graph.relation,
+                             w.astype(np.float32), etypes, **extra)
 
 
 class GraphStream:
@@ -300,33 +213,64 @@ class GraphStream:
         con: DuckDB connection over the catalog (each worker uses its own cursor).
         selection, stats: what to load and how to normalise it.
         chunk: models per DuckDB query; workers: prefetching threads; cache_bytes: graph cache budget.
+        prepare: a deterministic change of every graph made once, on reading (e.g. the scale
+            canonicalisation): ``prepare(graph, steps)`` with the plan's traced steps.
+        augment: a random function-preserving change made anew every time a graph is served
+            (e.g. random rescalings): ``augment(graph, steps, rng)``; the model's n-th serving uses
+            the generator seeded by (``seed``, model index, n), so runs repeat whatever the thread
+            order. With ``augment`` the cache holds the raw graphs and normalises on every serving.
     """
 
     def __init__(self, con, selection: Selection, stats: LayerStats, chunk: int = 64, workers: int = 2,
-                 prefetch: int = 4, cache_bytes: int = 2 << 30, raw: bool = False):
+                 prefetch: int = 4, cache_bytes: int = 2 << 30, raw: bool = False,
+                 prepare: Callable[[NeuralGraph, list], NeuralGraph] | None = None,
+                 augment: Callable[[NeuralGraph, list, np.random.Generator], NeuralGraph] | None = None,
+                 seed: int = 0):
         self.con, self.sel, self.stats, self.raw = con, selection, stats, raw
         self.chunk, self.workers, self.prefetch = chunk, workers, prefetch
         self.cache_bytes = cache_bytes
+        self.prepare, self.augment, self.seed = prepare, augment, seed
         self._cache: dict[int, object] = {}
         self._cached_bytes = 0
+        self._served: dict[int, int] = {}
         self._lock = threading.Lock()
-        self.kernels = dict(con.execute("SELECT model_id, [kernel_h, kernel_w] FROM models").fetchall())
+        self._plans: dict = {}
+        self._arch: dict[str, str] = {}
+        if prepare is not None or augment is not None:
+            self._arch, plans = read_plans(con, selection.model_ids)
+            self._plans.update(plans)
+
+    def _steps(self, model_id: str) -> list:
+        return self._plans[self._arch[model_id]].steps
+
+    def _normalise(self, i: int, graph: NeuralGraph):
+        mid = self.sel.model_ids[i]
+        if self.augment is not None:
+            with self._lock:
+                n = self._served.get(i, 0)
+                self._served[i] = n + 1
+            graph = self.augment(graph, self._steps(mid), np.random.default_rng([self.seed, i, n]))
+        return normalised_graph(graph, self.stats, self.sel.frame, self.sel.etypes, raw=self.raw, model_id=mid)
 
     def _build(self, indices: Sequence[int]) -> list:
         missing = [i for i in indices if i not in self._cache]
-        graphs = {}
+        built = {}
         if missing:
             ids = [self.sel.model_ids[i] for i in missing]
-            arrays = read_models(self.con, ids, {m: tuple(self.kernels[m]) for m in ids})
-            for i, arr in zip(missing, arrays):
-                g = arr.normalised_graph(self.stats, self.sel.frame, self.sel.etypes, raw=self.raw)
-                graphs[i] = g
-                size = arr.weight.nbytes * 2 + arr.src.nbytes * 4 + arr.bias.nbytes * 8
+            for i, mid, graph in zip(missing, ids, read_graphs(self.con, ids, plans=self._plans)):
+                if self.prepare is not None:
+                    graph = self.prepare(graph, self._steps(mid))
+                item = graph if self.augment is not None else self._normalise(i, graph)
+                built[i] = item
+                size = graph.weight.nbytes * 2 + graph.src.nbytes * 4 + graph.bias.nbytes * 16
                 with self._lock:
                     if self._cached_bytes + size <= self.cache_bytes:
-                        self._cache[i] = g
+                        self._cache[i] = item
                         self._cached_bytes += size
-        return [self._cache[i] if i in self._cache else graphs[i] for i in indices]
+        items = [self._cache[i] if i in self._cache else built[i] for i in indices]
+        if self.augment is None:
+            return items
+        return [self._normalise(i, g) for i, g in zip(indices, items)]
 
     def batches(self, indices: Sequence[int], batch_size: int) -> Iterator[tuple[np.ndarray, list]]:
         """Yield (indices, graphs) batches in the order given (training shuffles and shards with

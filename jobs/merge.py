@@ -173,19 +173,18 @@ def newest_run(con) -> str | None:
 @torch.no_grad()
 def node_embeddings(catalog: Catalog, run_id: str, model: CatalogModel, device: str = "cpu") -> np.ndarray:
     """A trained run's node embeddings of ``model`` (N, H * members), rows in graph node order."""
-    from jobs.data import LayerStats, ModelArrays
+    from jobs.data import LayerStats, normalised_graph
     from jobs.train import load_metanetwork
 
     members, meta = load_metanetwork(catalog, run_id, device)
-    arrays = ModelArrays.from_graph(model.model_id, model.graph)
     etypes = members[0].cfg.etypes
     frame = tuple(meta["frame"])
     if model.graph.kernel_shape[0] > frame[0] or model.graph.kernel_shape[1] > frame[1]:
         raise JobError(f"run {run_id} was trained on kernels up to {frame}, model {model.model_id} has "
                        f"{model.graph.kernel_shape}")
     try:
-        g = arrays.normalised_graph(LayerStats.from_dict(meta["stats"]), frame, etypes,
-                                    raw=bool(members[0].cfg.probes)).to(device)
+        g = normalised_graph(model.graph, LayerStats.from_dict(meta["stats"]), frame, etypes,
+                             raw=bool(members[0].cfg.probes), model_id=model.model_id).to(device)
     except ValueError as exc:
         raise JobError(f"run {run_id} cannot embed model {model.model_id}: {exc}") from None
     out = np.zeros((model.graph.num_nodes, 0), dtype=np.float32)

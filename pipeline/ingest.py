@@ -18,22 +18,22 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
-import numpy as np
 import pyarrow as pa
 import torch
 from tqdm import tqdm
 
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
-from graphstore.schema import (ARCHITECTURES, EDGES, INGEST_ERRORS, LAYERS, NODES, coerce_metadata,
-                               metadata_column_name, models_schema)
+from graphstore.graph_codec import graph_tables
+from graphstore.schema import (ARCHITECTURES, INGEST_ERRORS, LAYERS, coerce_metadata, metadata_column_name,
+                               models_schema)
 from pipeline import checkpoints
 from pipeline.errors import ZooGraphError
 from pipeline.workers import process_pool
 from pipeline.neural_graph.convert import PlanCache, convert_checkpoint
-from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES, RELATIONS, NeuralGraph
+from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan
 
 
@@ -182,15 +182,6 @@ def _convert_star(args):
 
 
 # --------------------------------------------------------------------------- tables
-def _repeat_strings(values: list[str], counts: list[int]) -> pa.Array:
-    idx = np.repeat(np.arange(len(values), dtype=np.int32), counts)
-    return pa.DictionaryArray.from_arrays(pa.array(idx), pa.array(values, pa.string())).cast(pa.string())
-
-
-def _dict_codes(codes: np.ndarray, names: Iterable[str]) -> pa.Array:
-    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int8)), pa.array(list(names), pa.string()))
-
-
 def summarize_plan(plan: Plan) -> str:
     parts = []
     for op in plan.ops:
@@ -257,34 +248,8 @@ def tables_for(records: list[ModelRecord], zoo: str) -> dict[str, pa.Table]:
                 lrows[k].append(v)
     layers = pa.table(lrows, schema=LAYERS)
 
-    graphs = [r.graph for r in records]
-    n_counts = [g.num_nodes for g in graphs]
-    e_counts = [g.num_edges for g in graphs]
-    extra = np.concatenate([g.extra for g in graphs])
-    nodes = pa.table({
-        "model_id": _repeat_strings(ids, n_counts),
-        "node": pa.array(np.concatenate([np.arange(n, dtype=np.int64) for n in n_counts])),
-        "node_type": _dict_codes(np.concatenate([g.node_type for g in graphs]), NODE_TYPES),
-        "layer": pa.array(np.concatenate([g.node_layer for g in graphs]).astype(np.int32)),
-        "position": pa.array(np.concatenate([g.node_position for g in graphs]).astype(np.int32)),
-        "bias": pa.array(np.concatenate([g.bias for g in graphs]), pa.float32()),
-        "activation": _dict_codes(np.concatenate([g.node_activation_codes() for g in graphs]), ACTIVATIONS),
-        "running_mean": pa.array(extra[:, 0], pa.float32(), from_pandas=True),
-        "running_var": pa.array(extra[:, 1], pa.float32(), from_pandas=True),
-    }, schema=NODES)
-
-    lengths = np.concatenate([np.full(g.num_edges, g.weight.shape[1], np.int64) for g in graphs])
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    values = pa.array(np.concatenate([g.weight.reshape(-1) for g in graphs]), pa.float32())
-    edges = pa.table({
-        "model_id": _repeat_strings(ids, e_counts),
-        "src": pa.array(np.concatenate([g.src for g in graphs])),
-        "dst": pa.array(np.concatenate([g.dst for g in graphs])),
-        "relation": _dict_codes(np.concatenate([g.relation for g in graphs]), RELATIONS),
-        "layer": pa.array(np.concatenate([g.edge_op for g in graphs]).astype(np.int32)),
-        "weight": pa.ListArray.from_arrays(pa.array(offsets), values),
-    }, schema=EDGES)
-    return {"models": models, "architectures": architectures, "layers": layers, "nodes": nodes, "edges": edges}
+    return {"models": models, "architectures": architectures, "layers": layers,
+            **graph_tables(ids, [r.graph for r in records])}
 
 
 def error_table(errors: list[ErrorRecord], zoo: str) -> pa.Table:

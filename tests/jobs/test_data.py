@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from graphstore import duck
-from jobs.data import GraphStream, hash_split, layer_stats, read_models, select_models
+from graphstore.graph_codec import read_graphs
+from jobs.data import GraphStream, hash_split, layer_stats, select_models
 from jobs.distributed import DistContext, shard
 from pipeline.neural_graph.graph import RELATIONS
 
@@ -13,12 +14,11 @@ def test_per_layer_statistics_match_numpy_over_the_training_models(catalog_dir):
     sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
     train = sel.ids("train")
     stats = layer_stats(con, train)
-    kernels = dict(con.execute("SELECT model_id, [kernel_h, kernel_w] FROM models").fetchall())
-    arrays = read_models(con, train, {m: tuple(k) for m, k in kernels.items()})
+    arrays = read_graphs(con, train)
     # weights of op 1 that are batch norm, and of op 1 that are conv: separate layers
     for rel in ("norm", "conv"):
         r = RELATIONS.index(rel)
-        vals = np.concatenate([a.weight[(a.edge_layer == 1) & (a.relation == r)].ravel() for a in arrays])
+        vals = np.concatenate([a.weight[(a.edge_op == 1) & (a.relation == r)].ravel() for a in arrays])
         vals = vals[vals != 0]
         if len(vals):
             assert stats.weight_mean[1, r] == pytest.approx(vals.mean(), rel=1e-4)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.data import LayerStats, ModelArrays
+from jobs.data import LayerStats, normalised_graph
 from pipeline.neural_graph.heterograph import canonical_etypes_of, with_reverses
 from jobs.ngnn import NGGNN, NGGNNConfig
 from jobs.probes import ProbeFeatures
@@ -19,7 +19,7 @@ IDENTITY = LayerStats(np.zeros(1), np.ones(1), np.zeros((1, len(RELATIONS))), np
 
 def _graph(ng, raw=True):
     etypes = with_reverses(canonical_etypes_of(ng.node_type, ng.src, ng.dst, ng.relation))
-    return ModelArrays.from_graph("m", ng).normalised_graph(IDENTITY, (1, 1), etypes, raw=raw), etypes
+    return normalised_graph(ng, IDENTITY, (1, 1), etypes, raw=raw), etypes
 
 
 def test_probe_activations_are_the_networks_own_outputs(mlp_zoo):

@@ -7,7 +7,7 @@ import torch
 
 from graphstore import duck
 from graphstore.catalog import Catalog
-from jobs.data import LayerStats, ModelArrays, hash_split
+from jobs.data import LayerStats, hash_split, normalised_graph
 from jobs.train import TrainConfig, load_metanetwork, predict, train_heterognn
 from pipeline.errors import JobError
 from pipeline.ingest import ingest_zoo
@@ -106,8 +106,8 @@ def test_predictions_are_invariant_and_node_embeddings_equivariant(trained, cnn_
     graph = convert_checkpoint(ckpt).graph
     perm = random_hidden_permutation(graph, np.random.default_rng(seed))
     assert (perm != np.arange(len(perm))).any()
-    g0 = ModelArrays.from_graph("a", graph).normalised_graph(stats, frame, etypes)
-    g1 = ModelArrays.from_graph("b", graph.permuted(perm)).normalised_graph(stats, frame, etypes)
+    g0 = normalised_graph(graph, stats, frame, etypes)
+    g1 = normalised_graph(graph.permuted(perm), stats, frame, etypes)
     with torch.no_grad():
         out0, z0 = model(g0)
         out1, z1 = model(g1)
