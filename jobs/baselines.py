@@ -44,12 +44,42 @@ def statnn_features(con, model_ids: Sequence[str]) -> np.ndarray:
     return feats.reshape(len(model_ids), -1)
 
 
+def statnn_features_of_graphs(graphs: Sequence) -> np.ndarray:
+    """``statnn_features`` of in-memory NeuralGraphs (e.g. rescaled test models), computed as the
+    SQL does: weights by operation without residual edges, non-zero values only; biases by neuron
+    layer without input nodes; population variance, linearly interpolated quantiles."""
+    from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS
+
+    width = len(STAT_NAMES)
+    feats = np.full((len(graphs), 2, MAX_LAYERS, width), np.nan)
+    residual, inp = RELATIONS.index("residual"), NODE_TYPES.index("input")
+
+    def stats(x):
+        return [x.mean(), x.var(), *np.quantile(x, QUANTILES)]
+
+    for i, g in enumerate(graphs):
+        keep = g.relation != residual
+        for op in np.unique(g.edge_op[keep]):
+            if op < MAX_LAYERS:
+                x = g.weight[keep & (g.edge_op == op)].astype(np.float64).ravel()
+                x = x[x != 0]
+                if len(x):
+                    feats[i, 0, op] = stats(x)
+        nodes = g.node_type != inp
+        for layer in np.unique(g.node_layer[nodes]):
+            if layer < MAX_LAYERS:
+                feats[i, 1, layer] = stats(g.bias[nodes & (g.node_layer == layer)].astype(np.float64))
+    return feats.reshape(len(graphs), -1)
+
+
 @dataclass
 class BaselineResult:
     name: str
     predictions: np.ndarray          # for every selected model (NaN / -1 where not applicable)
     applicable: np.ndarray           # bool mask
     note: str = ""
+    estimator: object = None         # the fitted model, to score other inputs (e.g. rescaled models)
+    columns: np.ndarray | None = None   # the feature columns it was fitted on
 
 
 def run_statnn(con, sel: Selection, seed: int = 0) -> BaselineResult:
@@ -58,7 +88,8 @@ def run_statnn(con, sel: Selection, seed: int = 0) -> BaselineResult:
     x = statnn_features(con, sel.model_ids)
     train = sel.mask("train")
     # layers that (almost) no training model has carry no signal and break the binning
-    x = x[:, np.isfinite(x[train]).sum(0) >= 2]
+    columns = np.isfinite(x[train]).sum(0) >= 2
+    x = x[:, columns]
     # the default leaf of 20 samples leaves a small zoo no split at all (a constant prediction)
     leaf = int(min(20, max(2, train.sum() // 10)))
     if sel.task == "regression":
@@ -68,7 +99,8 @@ def run_statnn(con, sel: Selection, seed: int = 0) -> BaselineResult:
         est = HistGradientBoostingClassifier(max_iter=300, learning_rate=0.05, min_samples_leaf=leaf,
                                              random_state=seed)
     est.fit(x[train], sel.targets[train])
-    return BaselineResult("statnn", est.predict(x).astype(np.float64), np.ones(len(x), bool))
+    return BaselineResult("statnn", est.predict(x).astype(np.float64), np.ones(len(x), bool), estimator=est,
+                          columns=columns)
 
 
 def flat_weights(con, model_ids: Sequence[str]) -> np.ndarray:

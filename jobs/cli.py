@@ -54,12 +54,22 @@ def _device_option(fn):
 @click.option("--loader-workers", type=click.IntRange(min=1), default=2, show_default=True,
               help="Threads that stream graphs from DuckDB ahead of the trainer.")
 @click.option("--no-baselines", is_flag=True, help="Skip StatNN and the flat-weights MLP.")
+@click.option("--canonical", is_flag=True,
+              help="Feed NG-GNN scale-canonicalised graphs: every rescalable hidden neuron gets unit-norm incoming "
+                   "weights (and a positive sum where signs may flip), the factor pushed forward; one graph per "
+                   "function-preserving rescaling orbit.")
+@click.option("--scale-augment", type=float, default=0.0, metavar="MAX",
+              help="Train on a new random function-preserving rescaling of every model each time it is served: "
+                   "per hidden neuron a factor U[1, MAX] (and a sign flip where the activation allows). 0 = off.")
+@click.option("--rescale-test", type=float, default=0.0, metavar="MAX",
+              help="Also score NG-GNN and StatNN on function-preserving random rescalings U[1, MAX] of the test "
+                   "models (rows '<method>@xMAX' beside the clean ones). 0 = off.")
 @_device_option
 @store_options
 @translate_errors
 def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batch_size, lr, hidden, layers,
-                        probes, ensemble, patience, seed, loader_workers, no_baselines, device, neo4j_uri, neo4j_user,
-                        neo4j_password):
+                        probes, ensemble, patience, seed, loader_workers, no_baselines, canonical, scale_augment,
+                        rescale_test, device, neo4j_uri, neo4j_user, neo4j_password):
     """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
     metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings.
 
@@ -74,7 +84,8 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batc
                       batch_size=batch_size, lr=lr, hidden=hidden, layers=layers, probes=probes, ensemble=ensemble,
                       patience=patience,
                       seed=seed,
-                      device=device, loader_workers=loader_workers, baselines=not no_baselines)
+                      device=device, loader_workers=loader_workers, baselines=not no_baselines, canonical=canonical,
+                      scale_augment=scale_augment, rescale_test=rescale_test)
     main_rank = int(os.environ.get("RANK", "0")) == 0      # under torchrun, rank 0 writes and reports
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=main_rank) as (store, warning):
         report = train_heterognn(catalog_dir(catalog), cfg, store=store)

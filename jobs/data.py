@@ -181,6 +181,29 @@ def layer_stats(con, train_ids: Sequence[str]) -> LayerStats:
     return LayerStats(bm, bs, wm, ws)
 
 
+def layer_stats_of_graphs(graphs: Sequence[NeuralGraph]) -> LayerStats:
+    """``layer_stats`` computed from in-memory graphs (e.g. canonicalised ones) instead of the catalog:
+    the same groups (biases by neuron layer without input nodes, non-zero weight values by operation
+    and relation), the same population standard deviations."""
+    bias: dict[int, list] = {}
+    weight: dict[tuple[int, int], list] = {}
+    inp = NODE_TYPES.index("input")
+    for g in graphs:
+        keep = g.node_type != inp
+        for layer in np.unique(g.node_layer[keep]):
+            bias.setdefault(int(layer), []).append(g.bias[keep & (g.node_layer == layer)].astype(np.float64))
+        for op, rel in {(int(o), int(r)) for o, r in zip(g.edge_op, g.relation)}:
+            x = g.weight[(g.edge_op == op) & (g.relation == rel)].astype(np.float64).ravel()
+            weight.setdefault((op, rel), []).append(x[x != 0])
+    b = [(k, float(np.mean(v)), float(np.std(v))) for k, v in ((k, np.concatenate(v)) for k, v in bias.items())
+         if len(v)]
+    w = [(op, rel, float(np.mean(v)), float(np.std(v))) for (op, rel), v in
+         ((k, np.concatenate(v)) for k, v in weight.items()) if len(v)]
+    bm, bs = _fill(b, (max([r[0] for r in b], default=0) + 1,))
+    wm, ws = _fill(w, (max([r[0] for r in w], default=0) + 1, len(RELATIONS)))
+    return LayerStats(bm, bs, wm, ws)
+
+
 def normalised_graph(graph: NeuralGraph, stats: LayerStats, frame: tuple[int, int],
                      etypes: Sequence[CanonicalEtype], raw: bool = False, model_id: str = "?"):
     """The metanetwork's input: ``graph`` as a DGL heterograph with per-layer normalised features
@@ -318,3 +341,19 @@ class GraphStream:
             stop.set()
             for t in threads:
                 t.join(timeout=5)
+
+
+class GraphList:
+    """In-memory graphs served like a GraphStream (``batches(indices, batch_size)``): for graphs that
+    are not in the catalog, e.g. function-preserving rescalings of test models."""
+
+    def __init__(self, graphs: Sequence[NeuralGraph], selection: Selection, stats: LayerStats, raw: bool = False):
+        self.graphs, self.sel, self.stats, self.raw = list(graphs), selection, stats, raw
+
+    def batches(self, indices: Sequence[int], batch_size: int) -> Iterator[tuple[np.ndarray, list]]:
+        idx = np.array(indices, dtype=np.int64)
+        for start in range(0, len(idx), batch_size):
+            grp = idx[start:start + batch_size]
+            yield grp, [normalised_graph(self.graphs[i], self.stats, self.sel.frame, self.sel.etypes, raw=self.raw)
+                        for i in grp]
+

@@ -29,7 +29,8 @@ from graphstore.schema import EMBEDDINGS, PREDICTIONS, RUNS
 from jobs.baselines import run_flat_mlp, run_statnn
 from jobs.distributed import (DistContext, barrier, broadcast, gather_rows, init_from_env, local_batch_size,
                               shard)
-from jobs.data import GraphStream, LayerStats, Selection, layer_stats, select_models
+from jobs.data import (GraphList, GraphStream, LayerStats, Selection, layer_stats, layer_stats_of_graphs,
+                       select_models)
 from jobs.ngnn import NGGNN, NGGNNConfig
 from jobs.probes import check_probe_graph
 from pipeline.errors import JobError
@@ -58,6 +59,9 @@ class TrainConfig:
     chunk: int = 64
     baselines: bool = True
     max_train_batches: int | None = None   # cap per epoch (smoke runs); None = all
+    canonical: bool = False            # NG-GNN reads scale-canonicalised graphs (one per rescaling orbit)
+    scale_augment: float = 0.0         # > 1: train on random function-preserving rescalings U[1, MAX]
+    rescale_test: float = 0.0          # > 1: also score the methods on rescalings U[1, MAX] of the test models
 
 
 @dataclass
@@ -144,9 +148,12 @@ def _decode(task: str, out: np.ndarray, mean: float, std: float) -> np.ndarray:
 
 
 def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, stream: GraphStream, train_idx, val_idx,
-             mean: float, std: float, device, progress: bool, desc: str, ctx: DistContext):
+             mean: float, std: float, device, progress: bool, desc: str, ctx: DistContext,
+             train_stream: GraphStream | None = None):
     """Train one metanetwork with early stopping on the validation split (data-parallel under
-    torchrun: this rank's shard of every global batch, gradients all-reduced)."""
+    torchrun: this rank's shard of every global batch, gradients all-reduced). Training batches
+    come from ``train_stream`` (e.g. augmented) when given, validation from ``stream``."""
+    train_stream = train_stream or stream
     loss_fn = _loss_fn(sel.task)
     torch.manual_seed(seed)
     model = NGGNN(mcfg).to(device)
@@ -163,7 +170,7 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
         model.train()
         total, n = 0.0, 0
         local = shard(train_idx, ctx, seed=seed + epoch)
-        for b, (idx, graphs) in enumerate(stream.batches(local, local_batch_size(cfg.batch_size, ctx))):
+        for b, (idx, graphs) in enumerate(train_stream.batches(local, local_batch_size(cfg.batch_size, ctx))):
             if cfg.max_train_batches is not None and b >= cfg.max_train_batches:
                 break
             out, _ = step_model(_batch(graphs, device))
@@ -220,10 +227,20 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     counts = {s: int(sel.mask(s).sum()) for s in ("train", "val", "test")}
     if counts["train"] < 2 or counts["test"] < 1:
         raise JobError(f"too few models to train and test: {counts}")
-    stats = layer_stats(con, sel.ids("train"))
+    if cfg.scale_augment and cfg.scale_augment <= 1 or cfg.rescale_test and cfg.rescale_test <= 1:
+        raise JobError("--scale-augment and --rescale-test take the largest factor MAX > 1 of U[1, MAX]")
+    prepare = canonical_graph if cfg.canonical else None
+    stats = (layer_stats_of_graphs(read_prepared(con, sel.ids("train"), prepare)) if prepare is not None
+             else layer_stats(con, sel.ids("train")))
     if cfg.probes:
         check_probe_graph(sel.etypes)
-    stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers, raw=bool(cfg.probes))
+    stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers, raw=bool(cfg.probes),
+                         prepare=prepare)
+    train_stream = stream
+    if cfg.scale_augment:
+        train_stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers,
+                                   raw=bool(cfg.probes), prepare=prepare, augment=rescaler(cfg.scale_augment),
+                                   seed=cfg.seed)
     train_idx = np.nonzero(sel.mask("train"))[0]
     val_idx = np.nonzero(sel.mask("val"))[0]
     if sel.task == "regression":
@@ -237,7 +254,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     for k in range(cfg.ensemble):
         model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, mean, std, device,
                                     progress, f"train NG-GNN {k + 1}/{cfg.ensemble}" if cfg.ensemble > 1 else "train NG-GNN",
-                                    ctx)
+                                    ctx, train_stream)
         models.append(model)
         history += [dict(h, member=k) for h in hist]
         epochs_run = max(epochs_run, ran)
@@ -253,12 +270,16 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         barrier(ctx)
         return RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
                          history=history)
+    baselines_of = {}
     if cfg.baselines:
         for base in (run_statnn(con, sel, cfg.seed), run_flat_mlp(con, sel, cfg.seed)):
+            baselines_of[base.name] = base
             results[base.name] = base.predictions
             mask = test & base.applicable
             metrics[base.name] = {**metrics_for(sel.task, sel.targets[mask], base.predictions[mask]),
                                   **({"note": base.note} if base.note else {})}
+    if cfg.rescale_test:
+        metrics.update(score_rescaled(con, models, sel, stats, mean, std, cfg, device, baselines_of.get("statnn")))
     con.close()
     artifact = save_metanetwork(catalog, run_id, models, sel, stats, mean, std, cfg)
     report = RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
@@ -271,6 +292,72 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
             report.store_warning = str(exc).splitlines()[0]
     barrier(ctx)
     return report
+
+
+def canonical_graph(graph, steps):
+    """The scale canonicalisation of a graph (``pipeline.neural_graph.symmetry.canonical_scaling``)."""
+    from pipeline.neural_graph.symmetry import canonical_scaling
+
+    return canonical_scaling(graph, steps)[0]
+
+
+def rescaler(max_scale: float):
+    """An ``augment`` for GraphStream: a random function-preserving rescaling (and sign flip where the
+    activation allows it) of every hidden neuron, magnitudes U[1, max_scale]."""
+    from pipeline.neural_graph.symmetry import random_rescaling
+
+    def augment(graph, steps, rng):
+        return random_rescaling(graph, rng, max_scale, steps=steps)
+    return augment
+
+
+def read_prepared(con, ids, prepare=None, chunk: int = 256) -> list:
+    """The NeuralGraphs of ``ids`` from the catalog, with ``prepare(graph, steps)`` applied."""
+    from graphstore.graph_codec import read_graphs, read_plans
+
+    arch, plans = read_plans(con, ids)
+    out = []
+    for start in range(0, len(ids), chunk):
+        part = list(ids[start:start + chunk])
+        graphs = read_graphs(con, part, plans=plans)
+        out += graphs if prepare is None else [prepare(g, plans[arch[m]].steps) for m, g in zip(part, graphs)]
+    return out
+
+
+def rescaled_test_graphs(con, ids, max_scale: float, seed: int) -> list:
+    """Function-preserving random rescalings U[1, max_scale] of ``ids`` (the same ones on every call)."""
+    from graphstore.graph_codec import read_graphs, read_plans
+    from pipeline.neural_graph.symmetry import random_rescaling
+
+    arch, plans = read_plans(con, ids)
+    return [random_rescaling(g, np.random.default_rng([seed, 7919, k]), max_scale, steps=plans[arch[m]].steps)
+            for k, (m, g) in enumerate(zip(ids, read_graphs(con, list(ids), plans=plans)))]
+
+
+def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, mean: float, std: float,
+                   cfg: TrainConfig, device, statnn=None) -> dict[str, dict]:
+    """Test metrics of NG-GNN (and of the fitted StatNN) on rescaled copies of the test models:
+    ``{"ngnn@rescaled": ..., "statnn@rescaled": ...}``."""
+    from jobs.baselines import statnn_features_of_graphs
+
+    test_idx = np.nonzero(sel.mask("test"))[0]
+    ids = [sel.model_ids[i] for i in test_idx]
+    graphs = rescaled_test_graphs(con, ids, cfg.rescale_test, cfg.seed)
+    y = sel.targets[test_idx]
+    tag = f"@x{cfg.rescale_test:g}"
+    inputs = graphs
+    if cfg.canonical:
+        from graphstore.graph_codec import read_plans
+
+        arch, plans = read_plans(con, ids)
+        inputs = [canonical_graph(g, plans[arch[m]].steps) for m, g in zip(ids, graphs)]
+    listed = GraphList(inputs, sel, stats, raw=bool(cfg.probes))
+    out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, sel.task)
+    metrics = {"ngnn" + tag: metrics_for(sel.task, y, _decode(sel.task, out, mean, std))}
+    if statnn is not None and statnn.estimator is not None:
+        x = statnn_features_of_graphs(graphs)[:, statnn.columns]
+        metrics["statnn" + tag] = metrics_for(sel.task, y, statnn.estimator.predict(x).astype(np.float64))
+    return metrics
 
 
 def _store_values(sel: Selection, pred: np.ndarray) -> list:
@@ -370,7 +457,8 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     sel.frame, sel.etypes = frame, list(model.cfg.etypes)
     if model.cfg.probes:
         check_probe_graph(sel.etypes)
-    stream = GraphStream(con, sel, LayerStats.from_dict(meta["stats"]), raw=bool(model.cfg.probes))
+    stream = GraphStream(con, sel, LayerStats.from_dict(meta["stats"]), raw=bool(model.cfg.probes),
+                         prepare=canonical_graph if meta.get("train", {}).get("canonical") else None)
     out, emb = infer_ensemble(models, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device),
                               meta["task"])
     pred = _decode(meta["task"], out, meta["target_mean"], meta["target_std"])

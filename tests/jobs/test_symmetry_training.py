@@ -1,0 +1,104 @@
+"""Scale symmetries in training: statistics and StatNN features from in-memory graphs, augmentation,
+canonicalisation and the rescaled test rows of a run."""
+import numpy as np
+import pytest
+
+from graphstore import duck
+from graphstore.graph_codec import read_graphs
+from jobs.baselines import statnn_features, statnn_features_of_graphs
+from jobs.data import GraphStream, layer_stats, layer_stats_of_graphs, select_models
+from jobs.train import TrainConfig, canonical_graph, read_prepared, rescaler, train_heterognn
+
+FAST = dict(epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2)
+
+
+def test_statistics_of_graphs_are_the_catalogs(catalog_dir):
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
+    ids = sel.ids("train")
+    graphs = read_graphs(con, ids)
+    a, b = layer_stats(con, ids), layer_stats_of_graphs(graphs)
+    for name in ("bias_mean", "bias_std", "weight_mean", "weight_std"):
+        np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-4, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(statnn_features_of_graphs(graphs), statnn_features(con, ids), rtol=1e-4, atol=1e-6)
+
+
+def test_augmented_stream_serves_a_new_rescaling_each_time_and_repeats_with_its_seed(catalog_dir):
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
+    stats = layer_stats(con, sel.ids("train"))
+    clean = GraphStream(con, sel, stats)
+    aug = [GraphStream(con, sel, stats, augment=rescaler(100.0), seed=3) for _ in range(2)]
+    idx = [0, 1, 2]
+
+    def weights(stream):
+        _, graphs = next(stream.batches(idx, 3))
+        return [np.concatenate([g.edges[et].data["w"].numpy().ravel() for et in g.canonical_etypes]) for g in graphs]
+
+    w0, first, again, other = weights(clean), weights(aug[0]), weights(aug[0]), weights(aug[1])
+    for k in range(3):
+        assert not np.allclose(first[k], w0[k])                 # rescaled
+        assert not np.allclose(again[k], first[k])              # a new draw on the next serving
+        np.testing.assert_array_equal(other[k], first[k])       # the same draws from the same seed
+
+
+def test_canonical_graphs_do_not_see_rescalings(catalog_dir):
+    from pipeline.neural_graph.symmetry import random_rescaling
+    from graphstore.graph_codec import read_plans
+
+    con = duck.connect(catalog_dir)
+    ids = [m for m, in con.execute("SELECT model_id FROM models WHERE zoo = 'cnn' LIMIT 10").fetchall()]
+    arch, plans = read_plans(con, ids)
+    checked = 0
+    for m, canon in zip(ids, read_prepared(con, ids, canonical_graph)):
+        g, = read_graphs(con, [m])
+        moved = random_rescaling(g, np.random.default_rng(1), 1e3, steps=plans[arch[m]].steps)
+        if np.allclose(moved.weight, g.weight):
+            continue                     # activations without a scale or sign symmetry (gelu, sigmoid...)
+        checked += 1
+        again = canonical_graph(moved, plans[arch[m]].steps)
+        np.testing.assert_allclose(again.weight, canon.weight, rtol=1e-3, atol=1e-5)
+        np.testing.assert_allclose(again.bias, canon.bias, rtol=1e-3, atol=1e-5)
+    assert checked >= 2
+
+
+@pytest.fixture(scope="module")
+def canonical_run(tmp_path_factory, catalog_dir):
+    import shutil
+
+    root = tmp_path_factory.mktemp("sym") / "catalog"
+    shutil.copytree(catalog_dir, root)
+    cfg = TrainConfig(where="zoo = 'cnn'", canonical=True, scale_augment=10.0, rescale_test=1000.0, **FAST)
+    return root, train_heterognn(root, cfg, progress=False)
+
+
+def test_a_run_scores_rescaled_test_models_beside_the_clean_ones(canonical_run):
+    _, report = canonical_run
+    assert {"ngnn", "statnn", "ngnn@x1000", "statnn@x1000"} <= set(report.metrics)
+    assert report.metrics["ngnn@x1000"]["n"] == report.metrics["ngnn"]["n"] == report.n_models["test"]
+    # canonicalised inputs: NG-GNN predicts the same for a model and its rescalings
+    assert report.metrics["ngnn@x1000"]["r2"] == pytest.approx(report.metrics["ngnn"]["r2"], abs=1e-3)
+    assert report.metrics["ngnn@x1000"]["kendall_tau"] == pytest.approx(report.metrics["ngnn"]["kendall_tau"],
+                                                                        abs=0.02)
+    assert "ngnn@x1000" in report.summary()
+
+
+def test_a_canonical_run_predicts_through_the_canonicalisation(canonical_run):
+    from jobs.train import predict
+
+    root, report = canonical_run
+    res = predict(root, report.run_id, where="zoo = 'cnn'")
+    con = duck.connect(root)
+    rows = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = 'ngnn'",
+                            [report.run_id]).fetchall())
+    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id LIKE ?",
+                             [report.run_id + "-predict-%"]).fetchall())
+    assert res.n == len(rows) and set(again) == set(rows)
+    assert max(abs(rows[m] - again[m]) for m in rows) < 1e-4
+
+
+def test_rescaling_options_need_a_factor_above_one(catalog_copy):
+    from pipeline.errors import JobError
+
+    with pytest.raises(JobError, match="MAX > 1"):
+        train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", scale_augment=0.5, **FAST), progress=False)
