@@ -20,6 +20,7 @@ from torch import nn
 
 from pipeline.neural_graph.heterograph import CanonicalEtype
 from jobs.probes import ProbeFeatures
+from jobs.quasi import QuasiScaling
 from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES
 
 
@@ -35,6 +36,8 @@ class NGGNNConfig:
     max_positions: int = 128     # positional embeddings of input / output neurons
     probes: int = 0              # probe-activation features per node
     dropout: float = 0.0
+    quasi: bool = False          # learned quasi-equivariant scaling of the output features (jobs.quasi)
+    quasi_eps: float = 0.1
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -45,7 +48,8 @@ class NGGNNConfig:
     def from_dict(cls, d: dict) -> "NGGNNConfig":
         d = dict(d)
         d["etypes"] = [tuple(e) for e in d["etypes"]]
-        return cls(**d)
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 def _key(et: CanonicalEtype) -> str:
@@ -175,6 +179,13 @@ class NGGNN(nn.Module):
         self.readout_dim = 2 * H * len(NODE_TYPES) + cfg.edge_hidden * len(self.forward_etypes)
         self.head = nn.Sequential(nn.Linear(self.readout_dim, H), nn.SiLU(), nn.Dropout(cfg.dropout),
                                   nn.Linear(H, cfg.out_dim))
+        self.quasi = QuasiScaling(cfg.quasi_eps, max_layers=cfg.max_layers) if cfg.quasi else None
+
+    def parameter_overhead(self) -> tuple[int, float]:
+        """Parameters of the quasi-equivariant scaling, and their share of the backbone's."""
+        extra = sum(p.numel() for p in self.quasi.parameters()) if self.quasi is not None else 0
+        total = sum(p.numel() for p in self.parameters())
+        return extra, extra / max(total - extra, 1)
 
     def encode_nodes(self, g, probe_features: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         h = {}
@@ -201,6 +212,8 @@ class NGGNN(nn.Module):
         structure = edge_index(g, self.cfg.etypes)
         for layer in self.layers:
             h, e = layer(g, h, e, structure)
+        if self.quasi is not None:
+            h, e = self.quasi(g, h, e, structure)
         return h, e
 
     def node_embeddings(self, g) -> dict[str, torch.Tensor]:

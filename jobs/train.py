@@ -62,6 +62,8 @@ class TrainConfig:
     canonical: bool = False            # NG-GNN reads scale-canonicalised graphs (one per rescaling orbit)
     scale_augment: float = 0.0         # > 1: train on random function-preserving rescalings U[1, MAX]
     rescale_test: float = 0.0          # > 1: also score the methods on rescalings U[1, MAX] of the test models
+    quasi: bool = False                # NG-GNN with the quasi-equivariant scaling layer (jobs.quasi)
+    quasi_eps: float = 0.1
 
 
 @dataclass
@@ -249,7 +251,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         mean, std = 0.0, 1.0
     out_dim = 1 if sel.task == "regression" else len(sel.classes)
     mcfg = NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=out_dim, hidden=cfg.hidden,
-                       edge_hidden=cfg.edge_hidden, layers=cfg.layers, dropout=cfg.dropout, probes=cfg.probes)
+                       edge_hidden=cfg.edge_hidden, layers=cfg.layers, dropout=cfg.dropout, probes=cfg.probes,
+                       quasi=cfg.quasi, quasi_eps=cfg.quasi_eps)
     models, history, epochs_run = [], [], 0
     for k in range(cfg.ensemble):
         model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, mean, std, device,
@@ -264,6 +267,9 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     test = sel.mask("test")
     results = {"ngnn": pred}
     metrics = {"ngnn": metrics_for(sel.task, sel.targets[test], pred[test])}
+    if cfg.quasi:
+        extra, share = models[0].parameter_overhead()
+        metrics["ngnn"]["note"] = f"quasi-equivariant scaling: +{extra} parameters (+{100 * share:.1f}%)"
     run_id = broadcast(ctx, f"run-{now_utc():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}")
     if not ctx.is_main:      # rank 0 writes the run; the others wait for it and report what they computed
         con.close()

@@ -102,3 +102,46 @@ def test_rescaling_options_need_a_factor_above_one(catalog_copy):
 
     with pytest.raises(JobError, match="MAX > 1"):
         train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", scale_augment=0.5, **FAST), progress=False)
+
+
+def test_the_quasi_layer_keeps_permutation_symmetry_and_stays_near_the_identity(catalog_dir):
+    import torch
+
+    from jobs.data import normalised_graph
+    from jobs.ngnn import NGGNN, NGGNNConfig, edge_index
+    from pipeline.neural_graph.symmetry import random_hidden_permutation
+
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
+    stats = layer_stats(con, sel.ids("train"))
+    torch.manual_seed(0)
+    model = NGGNN(NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=1, hidden=16,
+                              edge_hidden=8, layers=2, quasi=True, quasi_eps=0.2)).eval()
+    extra, share = model.parameter_overhead()
+    assert extra > 0 and 0 < share < 0.2
+    graph, = read_graphs(con, [sel.model_ids[0]])
+    perm = random_hidden_permutation(graph, np.random.default_rng(0))
+    g0 = normalised_graph(graph, stats, sel.frame, sel.etypes)
+    g1 = normalised_graph(graph.permuted(perm), stats, sel.frame, sel.etypes)
+    with torch.no_grad():
+        alpha = model.quasi.factors(g0, edge_index(g0, sel.etypes))
+        (out0, z0), (out1, z1) = model(g0), model(g1)
+        h0, h1 = model.node_embeddings(g0)["hidden"], model.node_embeddings(g1)["hidden"]
+    assert float(alpha.min()) >= 0.8 - 1e-6 and float(alpha.max()) <= 1.2 + 1e-6 and float(alpha.std()) > 1e-4
+    rel = lambda a, b: float((a - b).abs().max() / (b.abs().max() + 1e-12))  # noqa: E731
+    assert rel(out1, out0) < 1e-5 and rel(z1, z0) < 1e-5
+    n_in = int((graph.node_type == 0).sum())
+    hidden = np.nonzero(graph.node_type == 1)[0]
+    assert rel(h1[torch.as_tensor(perm[hidden] - n_in)], h0[torch.as_tensor(hidden - n_in)]) < 1e-5
+
+
+def test_a_quasi_run_reports_its_overhead_and_reloads(catalog_copy):
+    from jobs.train import load_metanetwork, predict
+    from graphstore.catalog import Catalog
+
+    report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", quasi=True, **FAST), progress=False)
+    assert "quasi-equivariant scaling: +" in report.summary()
+    models, meta = load_metanetwork(Catalog(catalog_copy), report.run_id)
+    assert models[0].quasi is not None and meta["model"]["quasi"] is True
+    assert predict(catalog_copy, report.run_id, where="zoo = 'cnn'").n == report.n_models["train"] + \
+        report.n_models["val"] + report.n_models["test"]
