@@ -27,7 +27,7 @@ def zoo():
 
 
 @zoo.command("make")
-@click.argument("kind", type=click.Choice(["cnn", "mlp", "inr"]))
+@click.argument("kind", type=click.Choice(["cnn", "cnn-fixed", "mlp", "inr"]))
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--n", "n", type=click.IntRange(min=1), default=100, show_default=True, help="Number of models.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Zoo seed; the same seed gives the same zoo.")
@@ -39,7 +39,8 @@ def zoo():
                    "differ only in initialisation and batch order (pairs for `jobs merge`).")
 @translate_errors
 def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas):
-    """Train a zoo of KIND (cnn: CNNs on digits; mlp: MLPs on four tabular datasets; inr: SIRENs
+    """Train a zoo of KIND (cnn: CNNs of varied architecture on digits; cnn-fixed: one CNN architecture on
+    digits, training recipe varied; mlp: MLPs on four tabular datasets; inr: SIRENs
     fitted to digit images) into OUT_DIR. Models already in OUT_DIR are kept, so an interrupted
     run resumes."""
     from pipeline.zoo.make import make_zoo

@@ -4,6 +4,9 @@ All data ships with scikit-learn (nothing is downloaded):
 - ``cnn``: small CNNs on the 8x8 digits images; width, depth, activation, batch norm, residual
   blocks, kernel size, optimizer, learning rate, weight decay, epochs, training fraction and
   initialisation vary, so test accuracy spreads from chance to about 95%.
+- ``cnn-fixed``: one CNN architecture on the digits (in the manner of the Small CNN Zoo): three 3x3
+  convs of 8 channels, ReLU or tanh, a linear head after 2x2 pooling; optimizer, learning rate,
+  weight decay, initialisation scale, dropout, training fraction and epochs vary.
 - ``mlp``: MLPs on iris, wine, breast cancer and digits, each reduced to 4 PCA features with a
   10-way output, so all share one architecture and the dataset must be read from the weights.
 - ``inr``: SIRENs fitted to single digit images (pixel coordinates -> intensity), labelled by digit.
@@ -165,6 +168,41 @@ def cnn_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
     return ModelRecipe(spec, train, meta)
 
 
+def fixed_cnn_spec(act: str, dropout: float = 0.0) -> dict:
+    """The ``cnn-fixed`` architecture (dropout changes no parameter: one architecture for all)."""
+    conv = {"type": "conv2d", "out_channels": 8, "kernel_size": 3, "padding": 1}
+    a = {"type": "activation", "fn": act}
+    return {"format": "zoograph.spec/1", "input_shape": [1, 8, 8], "layers": [
+        conv, a, {"type": "maxpool", "kernel_size": 2}, conv, a, conv, a,
+        {"type": "adaptive_avgpool", "output_size": 2}, {"type": "flatten"},
+        {"type": "dropout", "p": dropout}, {"type": "linear", "out_features": 10}]}
+
+
+def cnn_fixed_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
+    act = str(rng.choice(["relu", "tanh"]))
+    hp = {"optimizer": str(rng.choice(["adam", "sgd", "rmsprop"])), "lr": float(10 ** rng.uniform(-3.5, -1.0)),
+          "weight_decay": float(rng.choice([0.0, 10 ** rng.uniform(-6, -2)])),
+          "init_std": float(10 ** rng.uniform(-2.5, -0.3)), "dropout": float(rng.choice([0.0, rng.uniform(0, 0.5)])),
+          "train_fraction": float(rng.uniform(0.05, 1.0)), "epochs": int(rng.integers(1, 13)), "batch_size": 64}
+    meta = {"dataset": "digits", "activation": act, **hp}
+
+    def train(model: nn.Module, init_seed: int) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(init_seed)
+        with torch.no_grad():            # truncated normal of the drawn scale, zero biases
+            for m in model.modules():
+                if isinstance(m, (nn.Conv2d, nn.Linear)):
+                    nn.init.trunc_normal_(m.weight, 0.0, hp["init_std"], -2 * hp["init_std"], 2 * hp["init_std"],
+                                          generator=gen)
+                    m.bias.zero_()
+        x, y = _digits()
+        test, pool_idx = _digits_split()
+        sub = np.random.default_rng(seed).permutation(pool_idx)[:max(64, int(hp["train_fraction"] * len(pool_idx)))]
+        return _fit_classifier(model, x[sub], y[sub], x[test], y[test], optimizer=hp["optimizer"], lr=hp["lr"],
+                               wd=hp["weight_decay"], epochs=hp["epochs"], batch=hp["batch_size"], gen=gen)
+
+    return ModelRecipe(fixed_cnn_spec(act, hp["dropout"]), train, meta)
+
+
 MLP_DATASETS = ("iris", "wine", "breast_cancer", "digits")
 
 
@@ -228,7 +266,7 @@ def inr_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
 
 
 RECIPES: dict[str, Callable[[np.random.Generator, int], ModelRecipe]] = {
-    "cnn": cnn_recipe, "mlp": mlp_recipe, "inr": inr_recipe}
+    "cnn": cnn_recipe, "cnn-fixed": cnn_fixed_recipe, "mlp": mlp_recipe, "inr": inr_recipe}
 
 
 def make_model(kind: str, seed: int, init_seed: int | None = None) -> tuple[nn.Module, ModelRecipe, dict[str, Any]]:
