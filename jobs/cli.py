@@ -61,9 +61,9 @@ def _device_option(fn):
 @click.option("--scale-augment", type=float, default=0.0, metavar="MAX",
               help="Train on a new random function-preserving rescaling of every model each time it is served: "
                    "per hidden neuron a factor U[1, MAX] (and a sign flip where the activation allows). 0 = off.")
-@click.option("--rescale-test", type=float, default=0.0, metavar="MAX",
+@click.option("--rescale-test", type=float, multiple=True, metavar="MAX",
               help="Also score NG-GNN and StatNN on function-preserving random rescalings U[1, MAX] of the test "
-                   "models (rows '<method>@xMAX' beside the clean ones). 0 = off.")
+                   "models (rows '<method>@xMAX' beside the clean ones). Repeat for several MAX.")
 @click.option("--quasi", is_flag=True,
               help="Add the quasi-equivariant scaling layer (Quasi-Equivariant Metanetworks, ICLR 2026): a learned "
                    "per-neuron factor 1 + eps*sin(.) from per-neuron and per-layer weight statistics, applied to "

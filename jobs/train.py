@@ -61,7 +61,7 @@ class TrainConfig:
     max_train_batches: int | None = None   # cap per epoch (smoke runs); None = all
     canonical: bool = False            # NG-GNN reads scale-canonicalised graphs (one per rescaling orbit)
     scale_augment: float = 0.0         # > 1: train on random function-preserving rescalings U[1, MAX]
-    rescale_test: float = 0.0          # > 1: also score the methods on rescalings U[1, MAX] of the test models
+    rescale_test: tuple[float, ...] = ()   # each MAX > 1: also score the methods on rescalings U[1, MAX] of the test models
     quasi: bool = False                # NG-GNN with the quasi-equivariant scaling layer (jobs.quasi)
     quasi_eps: float = 0.1
 
@@ -229,7 +229,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     counts = {s: int(sel.mask(s).sum()) for s in ("train", "val", "test")}
     if counts["train"] < 2 or counts["test"] < 1:
         raise JobError(f"too few models to train and test: {counts}")
-    if cfg.scale_augment and cfg.scale_augment <= 1 or cfg.rescale_test and cfg.rescale_test <= 1:
+    cfg.rescale_test = tuple(float(m) for m in (cfg.rescale_test or ()))
+    if cfg.scale_augment and cfg.scale_augment <= 1 or any(m <= 1 for m in cfg.rescale_test):
         raise JobError("--scale-augment and --rescale-test take the largest factor MAX > 1 of U[1, MAX]")
     prepare = canonical_graph if cfg.canonical else None
     stats = (layer_stats_of_graphs(read_prepared(con, sel.ids("train"), prepare)) if prepare is not None
@@ -284,8 +285,9 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
             mask = test & base.applicable
             metrics[base.name] = {**metrics_for(sel.task, sel.targets[mask], base.predictions[mask]),
                                   **({"note": base.note} if base.note else {})}
-    if cfg.rescale_test:
-        metrics.update(score_rescaled(con, models, sel, stats, mean, std, cfg, device, baselines_of.get("statnn")))
+    for max_scale in cfg.rescale_test:
+        metrics.update(score_rescaled(con, models, sel, stats, mean, std, cfg, device, max_scale,
+                                      baselines_of.get("statnn")))
     con.close()
     artifact = save_metanetwork(catalog, run_id, models, sel, stats, mean, std, cfg)
     report = RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
@@ -341,16 +343,16 @@ def rescaled_test_graphs(con, ids, max_scale: float, seed: int) -> list:
 
 
 def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, mean: float, std: float,
-                   cfg: TrainConfig, device, statnn=None) -> dict[str, dict]:
-    """Test metrics of NG-GNN (and of the fitted StatNN) on rescaled copies of the test models:
-    ``{"ngnn@rescaled": ..., "statnn@rescaled": ...}``."""
+                   cfg: TrainConfig, device, max_scale: float, statnn=None) -> dict[str, dict]:
+    """Test metrics of NG-GNN (and of the fitted StatNN) on rescaled copies U[1, max_scale] of the test
+    models: ``{"ngnn@xMAX": ..., "statnn@xMAX": ...}``."""
     from jobs.baselines import statnn_features_of_graphs
 
     test_idx = np.nonzero(sel.mask("test"))[0]
     ids = [sel.model_ids[i] for i in test_idx]
-    graphs = rescaled_test_graphs(con, ids, cfg.rescale_test, cfg.seed)
+    graphs = rescaled_test_graphs(con, ids, max_scale, cfg.seed)
     y = sel.targets[test_idx]
-    tag = f"@x{cfg.rescale_test:g}"
+    tag = f"@x{max_scale:g}"
     inputs = graphs
     if cfg.canonical:
         from graphstore.graph_codec import read_plans

@@ -68,7 +68,7 @@ def canonical_run(tmp_path_factory, catalog_dir):
 
     root = tmp_path_factory.mktemp("sym") / "catalog"
     shutil.copytree(catalog_dir, root)
-    cfg = TrainConfig(where="zoo = 'cnn'", canonical=True, scale_augment=10.0, rescale_test=1000.0, **FAST)
+    cfg = TrainConfig(where="zoo = 'cnn'", canonical=True, scale_augment=10.0, rescale_test=(1000.0,), **FAST)
     return root, train_heterognn(root, cfg, progress=False)
 
 

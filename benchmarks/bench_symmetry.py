@@ -1,0 +1,108 @@
+"""Robustness to function-preserving rescalings: clean and rescaled test Kendall tau, side by side.
+
+On the ReLU models of the fixed-architecture zoo (``cnn-fixed``) and of the diverse zoo (``cnn``),
+every method is trained on the clean training split and scored on the clean test models and on
+random per-neuron rescalings U[1, 10] and U[1, 10^3] of them (the same rescalings for every method):
+
+- StatNN (per-layer statistics into gradient boosting), which rescalings move;
+- NG-GNN as it is, with ``--canonical`` (one graph per rescaling orbit), with ``--quasi`` (the
+  quasi-equivariant scaling layer) and with ``--scale-augment 1000`` (training on rescalings).
+
+    .venv/bin/python benchmarks/bench_symmetry.py            # quick: 400-model zoos, 1 seed (~15 min)
+    .venv/bin/python benchmarks/bench_symmetry.py --full     # 1,500-model zoos, 3 seeds (< 2 h)
+
+Seeds change the metanetworks' initialisation and training order, not the split (the zoo's hash
+split); the spread printed is over seeds. Zoos are made with ``pipeline zoo make`` into
+/tmp/zoograph-bench and reused.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _zoos import CACHE
+
+SCALES = (10.0, 1000.0)
+VARIANTS = {"ngnn": {}, "ngnn+canonical": {"canonical": True}, "ngnn+quasi": {"quasi": True},
+            "ngnn+augment": {"scale_augment": 1000.0}}
+
+
+def zoo_catalog(kind: str, n: int, seed: int = 0) -> Path:
+    """A catalog holding one zoo of ``kind`` with ``n`` models (made and ingested once, then reused)."""
+    from pipeline.ingest import ingest_zoo
+    from pipeline.zoo.make import make_zoo
+
+    zoo = CACHE / f"{kind}-{n}-{seed}"
+    cat = CACHE / f"catalog-{kind}-{n}-{seed}"
+    if not (zoo / "metrics.csv").exists() or len(list(zoo.glob("*.safetensors"))) < n:
+        t = time.perf_counter()
+        print(f"making {kind} zoo of {n} models in {zoo} ...", flush=True)
+        make_zoo(kind, zoo, n=n, seed=seed, workers=2, progress=True)
+        print(f"  made in {time.perf_counter() - t:.0f}s", flush=True)
+        shutil.rmtree(cat, ignore_errors=True)
+    if not (cat / "parts").exists():
+        ingest_zoo(zoo, cat, zoo_name=kind, workers=2, progress=False)
+    return cat
+
+
+def run_variant(cat: Path, variant: str, seed: int, epochs: int, baselines: bool) -> dict:
+    from jobs.train import TrainConfig, train_heterognn
+
+    cfg = TrainConfig(where="activation = 'relu'", epochs=epochs, patience=max(4, epochs // 3), seed=seed,
+                      rescale_test=SCALES, baselines=baselines, **VARIANTS[variant])
+    t = time.perf_counter()
+    report = train_heterognn(cat, cfg, progress=False)
+    taus = {k: v.get("kendall_tau", float("nan")) for k, v in report.metrics.items()}
+    print(f"  {variant:15s} seed {seed}: " + "  ".join(f"{k} {v:.3f}" for k, v in taus.items()
+                                                       if k.startswith(("ngnn", "statnn")))
+          + f"   ({time.perf_counter() - t:.0f}s, {report.n_models['test']} test models)", flush=True)
+    return {"taus": taus, "n_test": report.n_models["test"]}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="1,500-model zoos and 3 seeds (default: quick)")
+    ap.add_argument("--n", type=int, default=None, help="models per zoo (default 400 quick, 1500 full)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per method (default 1 quick, 3 full)")
+    ap.add_argument("--epochs", type=int, default=None, help="NG-GNN epochs (default 20 quick, 40 full)")
+    ap.add_argument("--zoos", default="cnn-fixed,cnn", help="comma-separated zoo kinds")
+    args = ap.parse_args(argv)
+    n = args.n or (1500 if args.full else 400)
+    seeds = args.seeds or (3 if args.full else 1)
+    epochs = args.epochs or (40 if args.full else 20)
+    started = time.perf_counter()
+    table: dict[str, dict[str, list[float]]] = {}
+    n_test = {}
+    for kind in args.zoos.split(","):
+        cat = zoo_catalog(kind, n)
+        print(f"{kind}: ReLU models of a {n}-model zoo", flush=True)
+        for variant in VARIANTS:
+            for seed in range(seeds):
+                res = run_variant(cat, variant, seed, epochs, baselines=(variant == "ngnn"))
+                n_test[kind] = res["n_test"]
+                for key, tau in res["taus"].items():
+                    method, _, scale = key.partition("@")
+                    if method == "flat_mlp":
+                        continue
+                    name = variant if method == "ngnn" else method
+                    table.setdefault(name, {}).setdefault(f"{kind} {scale or 'clean'}", []).append(tau)
+    cols = [f"{kind} {s}" for kind in args.zoos.split(",") for s in ("clean", *(f"x{m:g}" for m in SCALES))]
+    print(f"\ntest Kendall tau, mean ± sd over {seeds} seed(s); test models: "
+          + ", ".join(f"{k} {v}" for k, v in n_test.items()))
+    print(f"{'method':16s}" + "".join(f"{c:>18s}" for c in cols))
+    for name in ("statnn", *VARIANTS):
+        cells = []
+        for c in cols:
+            v = np.array(table.get(name, {}).get(c, []), dtype=float)
+            cells.append(f"{v.mean():.3f} ± {v.std():.3f}" if len(v) else "n/a")
+        print(f"{name:16s}" + "".join(f"{x:>18s}" for x in cells))
+    print(f"\n{time.perf_counter() - started:.0f}s in all")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
