@@ -64,6 +64,9 @@ def _device_option(fn):
 @click.option("--rescale-test", type=float, multiple=True, metavar="MAX",
               help="Also score NG-GNN and StatNN on function-preserving random rescalings U[1, MAX] of the test "
                    "models (rows '<method>@xMAX' beside the clean ones). Repeat for several MAX.")
+@click.option("--model", "metanet", type=click.Choice(["ngnn", "ngt"]), default="ngnn", show_default=True,
+              help="The metanetwork: ngnn (relational PNA message passing) or ngt (relational-attention "
+                   "transformer); `jobs predict` reads it from the run.")
 @click.option("--quasi", is_flag=True,
               help="Add the quasi-equivariant scaling layer (Quasi-Equivariant Metanetworks, ICLR 2026): a learned "
                    "per-neuron factor 1 + eps*sin(.) from per-neuron and per-layer weight statistics, applied to "
@@ -75,7 +78,7 @@ def _device_option(fn):
 @translate_errors
 def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batch_size, lr, hidden, layers,
                         probes, ensemble, patience, seed, loader_workers, no_baselines, canonical, scale_augment,
-                        rescale_test, quasi, quasi_eps, device, neo4j_uri, neo4j_user, neo4j_password):
+                        rescale_test, metanet, quasi, quasi_eps, device, neo4j_uri, neo4j_user, neo4j_password):
     """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
     metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings.
 
@@ -91,7 +94,8 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batc
                       patience=patience,
                       seed=seed,
                       device=device, loader_workers=loader_workers, baselines=not no_baselines, canonical=canonical,
-                      scale_augment=scale_augment, rescale_test=rescale_test, quasi=quasi, quasi_eps=quasi_eps)
+                      scale_augment=scale_augment, rescale_test=rescale_test, quasi=quasi, quasi_eps=quasi_eps,
+                      model=metanet)
     main_rank = int(os.environ.get("RANK", "0")) == 0      # under torchrun, rank 0 writes and reports
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=main_rank) as (store, warning):
         report = train_heterognn(catalog_dir(catalog), cfg, store=store)

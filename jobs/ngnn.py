@@ -38,6 +38,8 @@ class NGGNNConfig:
     dropout: float = 0.0
     quasi: bool = False          # learned quasi-equivariant scaling of the output features (jobs.quasi)
     quasi_eps: float = 0.1
+    kind: str = "ngnn"           # which metanetwork (jobs.metanets): ngnn | ngt
+    heads: int = 4               # attention heads (ngt)
 
     def to_dict(self) -> dict:
         d = asdict(self)

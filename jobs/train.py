@@ -31,6 +31,7 @@ from jobs.distributed import (DistContext, barrier, broadcast, gather_rows, init
                               shard)
 from jobs.data import (GraphList, GraphStream, LayerStats, Selection, layer_stats, layer_stats_of_graphs,
                        select_models)
+from jobs.metanets import build_metanetwork
 from jobs.ngnn import NGGNN, NGGNNConfig
 from jobs.probes import check_probe_graph
 from pipeline.errors import JobError
@@ -62,6 +63,7 @@ class TrainConfig:
     canonical: bool = False            # NG-GNN reads scale-canonicalised graphs (one per rescaling orbit)
     scale_augment: float = 0.0         # > 1: train on random function-preserving rescalings U[1, MAX]
     rescale_test: tuple[float, ...] = ()   # each MAX > 1: also score the methods on rescalings U[1, MAX] of the test models
+    model: str = "ngnn"                # the metanetwork (jobs.metanets): ngnn | ngt
     quasi: bool = False                # NG-GNN with the quasi-equivariant scaling layer (jobs.quasi)
     quasi_eps: float = 0.1
 
@@ -158,7 +160,7 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
     train_stream = train_stream or stream
     loss_fn = _loss_fn(sel.task)
     torch.manual_seed(seed)
-    model = NGGNN(mcfg).to(device)
+    model = build_metanetwork(mcfg).to(device)
     step_model = model
     if ctx.active:          # some relations are absent from some batches: their parameters get no gradient
         step_model = torch.nn.parallel.DistributedDataParallel(
@@ -253,7 +255,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     out_dim = 1 if sel.task == "regression" else len(sel.classes)
     mcfg = NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=out_dim, hidden=cfg.hidden,
                        edge_hidden=cfg.edge_hidden, layers=cfg.layers, dropout=cfg.dropout, probes=cfg.probes,
-                       quasi=cfg.quasi, quasi_eps=cfg.quasi_eps)
+                       quasi=cfg.quasi, quasi_eps=cfg.quasi_eps, kind=cfg.model)
     models, history, epochs_run = [], [], 0
     for k in range(cfg.ensemble):
         model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, mean, std, device,
@@ -266,11 +268,11 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     out, emb = infer_ensemble(models, stream, all_idx, cfg.batch_size, device, sel.task, ctx)
     pred = _decode(sel.task, out, mean, std)
     test = sel.mask("test")
-    results = {"ngnn": pred}
-    metrics = {"ngnn": metrics_for(sel.task, sel.targets[test], pred[test])}
+    results = {cfg.model: pred}
+    metrics = {cfg.model: metrics_for(sel.task, sel.targets[test], pred[test])}
     if cfg.quasi:
         extra, share = models[0].parameter_overhead()
-        metrics["ngnn"]["note"] = f"quasi-equivariant scaling: +{extra} parameters (+{100 * share:.1f}%)"
+        metrics[cfg.model]["note"] = f"quasi-equivariant scaling: +{extra} parameters (+{100 * share:.1f}%)"
     run_id = broadcast(ctx, f"run-{now_utc():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}")
     if not ctx.is_main:      # rank 0 writes the run; the others wait for it and report what they computed
         con.close()
@@ -361,7 +363,7 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
         inputs = [canonical_graph(g, plans[arch[m]].steps) for m, g in zip(ids, graphs)]
     listed = GraphList(inputs, sel, stats, raw=bool(cfg.probes))
     out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, sel.task)
-    metrics = {"ngnn" + tag: metrics_for(sel.task, y, _decode(sel.task, out, mean, std))}
+    metrics = {cfg.model + tag: metrics_for(sel.task, y, _decode(sel.task, out, mean, std))}
     if statnn is not None and statnn.estimator is not None:
         x = statnn_features_of_graphs(graphs)[:, statnn.columns]
         metrics["statnn" + tag] = metrics_for(sel.task, y, statnn.estimator.predict(x).astype(np.float64))
@@ -427,7 +429,7 @@ def load_metanetwork(catalog: Catalog, run_id: str, device: str = "cpu") -> tupl
     meta = json.loads(raw)
     models = []
     for k in range(meta.get("members", 1)):
-        model = NGGNN(NGGNNConfig.from_dict(meta["model"]))
+        model = build_metanetwork(NGGNNConfig.from_dict(meta["model"]))
         state = torch.load(io.BytesIO(catalog.read_artifact(run_id, f"metanet-{k}.pt")), map_location="cpu",
                            weights_only=True)
         model.load_state_dict(state)
@@ -474,8 +476,9 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     metrics = metrics_for(sel.task, sel.targets[known], pred[known]) if known.sum() >= 2 else {}
     con.close()
     new_run = f"{run_id}-predict-{uuid.uuid4().hex[:6]}"
-    write_run(catalog, new_run, {"where": where, "source_run": run_id}, sel, {"ngnn": pred}, emb,
-              {"ngnn": metrics}, catalog.location("artifacts", run_id), splits=np.array(["predict"] * len(sel.model_ids)))
+    kind = meta["model"].get("kind", "ngnn")
+    write_run(catalog, new_run, {"where": where, "source_run": run_id}, sel, {kind: pred}, emb,
+              {kind: metrics}, catalog.location("artifacts", run_id), splits=np.array(["predict"] * len(sel.model_ids)))
     if store is not None:
         store.write_predictions(sel.target, zip(sel.model_ids, _store_values(sel, pred)), run_id)
     return PredictReport(run_id, len(sel.model_ids), sel.target, metrics)

@@ -1,0 +1,121 @@
+"""NG-T: the neural-graph transformer (Kofinas et al., ICLR 2024, section 3.3).
+
+Relational attention over the neural graph: every neuron attends to the neurons it is connected
+to (forward and reverse edges of every relation, and itself), edge features modulate the attention
+scores and, FiLM-style, the values (``V_uv = gamma(e_uv) * V_u + beta(e_uv)``), and edge features are
+updated every layer from their endpoints. Node encodings (hidden positions shared per layer, own
+positions for inputs and outputs, activation embeddings), the invariant readout, the head and the
+optional quasi-equivariant scaling are NG-GNN's (``NGT`` only replaces the propagation), so both
+metanetworks read the same batched DGL heterographs and train, save and predict the same way.
+
+Every operation is per node, per edge or a sum over a node's edges, so hidden-neuron permutations
+permute node embeddings and leave the readout unchanged.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import dgl
+import torch
+from torch import nn
+
+from jobs.ngnn import NGGNN, NGGNNConfig, _key, edge_index, mlp
+from pipeline.neural_graph.graph import NODE_TYPES
+
+
+@dataclass
+class FlatEdges:
+    """All edges of a batched heterograph with node ids into the concatenation of the node types
+    (input, hidden, output), as one homogeneous DGL graph for the per-destination softmax."""
+
+    graph: dgl.DGLGraph
+    offsets: dict[str, int]
+    counts: dict[str, int]
+    parts: list[tuple[tuple, int, int]]          # (etype, first edge, end) in the flat edge order
+
+
+def flat_edges(g: dgl.DGLHeteroGraph, etypes, structure) -> FlatEdges:
+    counts = {t: g.num_nodes(t) for t in NODE_TYPES}
+    offsets, total = {}, 0
+    for t in NODE_TYPES:
+        offsets[t], total = total, total + counts[t]
+    src, dst, parts, start = [], [], [], 0
+    for et in etypes:
+        ix = structure.get(tuple(et))
+        if ix is None:
+            continue
+        s, _, d = et
+        src.append(ix.src + offsets[s])
+        dst.append(ix.dst + offsets[d])
+        parts.append((tuple(et), start, start + len(ix.src)))
+        start += len(ix.src)
+    loops = torch.arange(total, device=g.device)
+    src.append(loops)
+    dst.append(loops)
+    hg = dgl.graph((torch.cat(src), torch.cat(dst)), num_nodes=total, device=g.device)
+    return FlatEdges(hg, offsets, counts, parts)
+
+
+class RelationalAttentionLayer(nn.Module):
+    """One NG-T layer: multi-head relational attention, a feed-forward block, an edge update."""
+
+    def __init__(self, etypes, hidden: int, edge_hidden: int, heads: int = 4, dropout: float = 0.0):
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden size {hidden} is not a multiple of {heads} heads")
+        self.heads, self.dk = heads, hidden // heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.score = nn.Linear(edge_hidden, heads)            # edge term of the attention score
+        self.film = nn.Linear(edge_hidden, 2 * hidden)        # gamma, beta of the values
+        self.self_edge = nn.Parameter(torch.zeros(edge_hidden))
+        self.out = nn.Linear(hidden, hidden)
+        self.ffn = mlp(hidden, 2 * hidden, hidden)
+        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.drop = nn.Dropout(dropout)
+        self.edge_update = nn.ModuleDict({_key(e): mlp(edge_hidden + 2 * hidden, edge_hidden, edge_hidden)
+                                          for e in etypes})
+
+    def forward(self, flat: FlatEdges, x: torch.Tensor, e: dict) -> tuple[torch.Tensor, dict]:
+        n, H = x.shape
+        ef = torch.cat([e[et] for et, _, _ in flat.parts] + [self.self_edge.expand(n, -1)], 0)   # (E + N, De)
+        src, dst = flat.graph.edges()
+        q, k, v = self.qkv(x).view(n, 3, self.heads, self.dk).unbind(1)
+        logits = (q.index_select(0, dst) * k.index_select(0, src)).sum(-1) / math.sqrt(self.dk) + self.score(ef)
+        attn = dgl.ops.edge_softmax(flat.graph, logits)                                     # (E + N, heads)
+        gamma, beta = self.film(ef).view(-1, 2, self.heads, self.dk).unbind(1)
+        vals = gamma * v.index_select(0, src) + beta
+        agg = torch.zeros(n, self.heads, self.dk, dtype=x.dtype, device=x.device)
+        agg.index_add_(0, dst, attn.unsqueeze(-1) * vals)
+        x = self.norm1(x + self.drop(self.out(agg.reshape(n, H))))
+        x = self.norm2(x + self.drop(self.ffn(x)))
+        new_e = {}
+        for et, a, b in flat.parts:
+            s, d = src[a:b], dst[a:b]
+            new_e[et] = e[et] + self.edge_update[_key(et)](torch.cat([e[et], x.index_select(0, s),
+                                                                      x.index_select(0, d)], -1))
+        return x, {**e, **new_e}
+
+
+class NGT(NGGNN):
+    """NG-GNN's encoders, readout and head around ``layers`` relational-attention layers."""
+
+    def __init__(self, cfg: NGGNNConfig):
+        super().__init__(cfg)
+        self.layers = nn.ModuleList(RelationalAttentionLayer(cfg.etypes, cfg.hidden, cfg.edge_hidden,
+                                                             heads=cfg.heads, dropout=cfg.dropout)
+                                    for _ in range(cfg.layers))
+
+    def _propagate(self, g):
+        h = self.encode_nodes(g, self.probes(g) if self.probes is not None else None)
+        e = {et: self.edge_in(g.edges[et].data["w"]) + self.rel_emb[_key(et)] for et in self.cfg.etypes
+             if et in g.canonical_etypes}
+        structure = edge_index(g, self.cfg.etypes)
+        flat = flat_edges(g, self.cfg.etypes, structure)
+        x = torch.cat([h[t] for t in NODE_TYPES], 0)
+        for layer in self.layers:
+            x, e = layer(flat, x, e)
+        h = {t: x[flat.offsets[t]:flat.offsets[t] + flat.counts[t]] for t in NODE_TYPES}
+        if self.quasi is not None:
+            h, e = self.quasi(g, h, e, structure)
+        return h, e

@@ -1,0 +1,107 @@
+"""NG-T: permutation symmetry, an end-to-end run, and --model surviving `jobs predict`."""
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from graphstore import duck
+from graphstore.catalog import Catalog
+from graphstore.graph_codec import read_graphs
+from jobs.data import layer_stats, normalised_graph, select_models
+from jobs.metanets import build_metanetwork
+from jobs.ngnn import NGGNNConfig
+from jobs.ngt import NGT
+from jobs.train import TrainConfig, load_metanetwork, predict, train_heterognn
+from pipeline.neural_graph.symmetry import random_hidden_permutation
+
+FAST = dict(epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2)
+
+
+@pytest.mark.parametrize("zoo,seed", [("cnn", 0), ("cnn", 1), ("mlp", 2)])
+def test_predictions_are_invariant_and_node_embeddings_equivariant(catalog_dir, zoo, seed):
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", f"zoo = '{zoo}'")
+    stats = layer_stats(con, sel.ids("train"))
+    torch.manual_seed(seed)
+    model = build_metanetwork(NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=3,
+                                          hidden=16, edge_hidden=8, layers=2, kind="ngt")).eval()
+    assert isinstance(model, NGT)
+    graph, = read_graphs(con, [sel.model_ids[seed]])
+    perm = random_hidden_permutation(graph, np.random.default_rng(seed))
+    assert (perm != np.arange(len(perm))).any()
+    g0 = normalised_graph(graph, stats, sel.frame, sel.etypes)
+    g1 = normalised_graph(graph.permuted(perm), stats, sel.frame, sel.etypes)
+    with torch.no_grad():
+        (out0, z0), (out1, z1) = model(g0), model(g1)
+        h0, h1 = model.node_embeddings(g0)["hidden"], model.node_embeddings(g1)["hidden"]
+    rel = lambda a, b: float((a - b).abs().max() / (b.abs().max() + 1e-12))  # noqa: E731
+    assert rel(out1, out0) < 1e-5 and rel(z1, z0) < 1e-5
+    n_in = int((graph.node_type == 0).sum())
+    hidden = np.nonzero(graph.node_type == 1)[0]
+    assert rel(h1[torch.as_tensor(perm[hidden] - n_in)], h0[torch.as_tensor(hidden - n_in)]) < 1e-5
+    assert rel(h1, h0) > 1e-3
+
+
+def test_ngt_gradients_reach_every_layer(catalog_dir):
+    import dgl
+
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
+    stats = layer_stats(con, sel.ids("train"))
+    model = NGT(NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=1, hidden=16,
+                            edge_hidden=8, layers=2, kind="ngt"))
+    g = dgl.batch([normalised_graph(x, stats, sel.frame, sel.etypes) for x in read_graphs(con, sel.model_ids[:4])])
+    model(g)[0].sum().backward()
+    for i, layer in enumerate(model.layers):
+        assert layer.qkv.weight.grad is not None and layer.qkv.weight.grad.abs().sum() > 0, i
+        assert layer.score.weight.grad.abs().sum() > 0 and layer.film.weight.grad.abs().sum() > 0
+
+
+def test_an_ngt_run_is_saved_as_ngt_and_predicts_as_one(catalog_copy):
+    from jobs.cli import main
+
+    res = CliRunner().invoke(main, ["train-heterognn", "--catalog", str(catalog_copy), "--model", "ngt",
+                                    "--where", "zoo = 'cnn'", "--epochs", "2", "--hidden", "16", "--layers", "2",
+                                    "--batch-size", "8", "--no-baselines"])
+    assert res.exit_code == 0, res.output
+    assert "ngt" in res.output
+    con = duck.connect(catalog_copy)
+    run_id, = con.execute("SELECT run_id FROM runs").fetchone()
+    models, meta = load_metanetwork(Catalog(catalog_copy), run_id)
+    assert isinstance(models[0], NGT) and meta["model"]["kind"] == "ngt"
+    mine = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = 'ngt'",
+                            [run_id]).fetchall())
+    out = predict(catalog_copy, run_id, where="zoo = 'cnn'")
+    assert out.n == len(mine) > 0
+    con = duck.connect(catalog_copy)
+    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE starts_with(run_id, ?) "
+                             "AND method = 'ngt'", [run_id + "-predict-"]).fetchall())
+    assert max(abs(again[m] - v) for m, v in mine.items()) < 1e-5
+
+
+def test_both_metanetworks_take_the_users_split_column(tmp_path, cnn_zoo):
+    import csv
+    import shutil
+
+    from pipeline.ingest import ingest_zoo
+
+    zoo = tmp_path / "zoo"
+    shutil.copytree(cnn_zoo, zoo)
+    rows = list(csv.DictReader(open(zoo / "metrics.csv")))
+    folds = ["train", "train", "train", "val", "test"]
+    for i, r in enumerate(rows):
+        r["fold"] = folds[i % len(folds)]
+    with open(zoo / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    ingest_zoo(zoo, tmp_path / "cat", progress=False)
+    for kind in ("ngnn", "ngt"):
+        report = train_heterognn(tmp_path / "cat", TrainConfig(model=kind, baselines=False, split_column="fold",
+                                                               **FAST), progress=False)
+        assert report.n_models["test"] == sum(1 for i in range(len(rows)) if folds[i % 5] == "test")
+        assert set(report.metrics) == {kind}
+        con = duck.connect(tmp_path / "cat")
+        got = dict(con.execute("SELECT m.checkpoint, p.split FROM predictions p JOIN models m USING (model_id) "
+                               "WHERE p.run_id = ?", [report.run_id]).fetchall())
+        assert got == {r["checkpoint"]: r["fold"] for r in rows}
