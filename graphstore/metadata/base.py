@@ -13,6 +13,7 @@ query parameters; the only names put into query text are property names, which m
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -177,6 +178,29 @@ class MetadataStore(ABC):
         """Delete every node and relationship (schema kept)."""
         self._clear()
 
+    def reset(self) -> None:
+        """Delete everything, property types included, and make the schema afresh (inside a
+        ``transaction()`` this is undone if the transaction fails)."""
+        self._reset()
+        self._schema_ready = False
+        self._model_props = {}
+        self.ensure_schema()
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """Everything written inside is committed together when the block ends, or not at all
+        when it raises: the store keeps what it held before."""
+        self.ensure_schema()
+        self._begin()
+        try:
+            yield self
+        except BaseException:
+            self._rollback()
+            self._schema_ready = False          # property types added inside are undone too
+            self._model_props = {}
+            raise
+        self._commit()
+
     # -------------------------------------------------------------- merging (shared)
     _MERGES = {"zoos": (Q.MERGE_ZOOS,), "datasets": (Q.MERGE_DATASETS,),
                "architectures": (Q.MERGE_ARCHITECTURES,), "layers": (Q.MERGE_LAYERS,),
@@ -224,6 +248,18 @@ class MetadataStore(ABC):
 
     @abstractmethod
     def _clear(self) -> None: ...
+
+    def _reset(self) -> None:
+        self._clear()
+
+    @abstractmethod
+    def _begin(self) -> None: ...
+
+    @abstractmethod
+    def _commit(self) -> None: ...
+
+    @abstractmethod
+    def _rollback(self) -> None: ...
 
     @abstractmethod
     def close(self) -> None: ...

@@ -86,6 +86,24 @@ class LadybugStore(MetadataStore):
         for label in ("Zoo", "Dataset", "Model", "Architecture", "Layer"):
             self._execute(f"MATCH (n:{label}) DELETE n")
 
+    def _reset(self) -> None:
+        for rel in ("CONTAINS", "HAS_ARCHITECTURE", "HAS_LAYER", "FEEDS", "TRAINED_ON", "SIMILAR_TO"):
+            self._execute(f"DROP TABLE IF EXISTS {rel}")
+        for label in ("Zoo", "Dataset", "Model", "Architecture", "Layer"):
+            self._execute(f"DROP TABLE IF EXISTS {label}")
+
+    def _begin(self) -> None:
+        self._execute("BEGIN TRANSACTION")
+
+    def _commit(self) -> None:
+        self._execute("COMMIT")
+
+    def _rollback(self) -> None:
+        try:
+            self._execute("ROLLBACK")
+        except StoreError:          # the database may have rolled back already after a failed statement
+            pass
+
     def close(self) -> None:
         conn, db = getattr(self, "_conn", None), getattr(self, "_db", None)
         if conn is not None:
