@@ -138,9 +138,9 @@ def coerce(value: Any, typ: pa.DataType) -> Any:
 
 def type_label(typ: pa.DataType) -> str:
     if pa.types.is_floating(typ) or pa.types.is_integer(typ):
-        return "number"
+        return "numbers"
     if pa.types.is_boolean(typ):
-        return "true/false"
+        return "true/false values"
     return "text"
 
 

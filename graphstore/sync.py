@@ -51,7 +51,7 @@ def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True,
     con = duck.connect(catalog)
     try:
         # everything is read and checked before the store is touched
-        bad = [c for c in con.execute("SELECT * FROM models LIMIT 0").arrow().schema.names
+        bad = [c for c in con.sql("SELECT * FROM models LIMIT 0").columns
                if c not in _SKIP_MODEL and not _valid_property(c)]
         if bad:
             raise StoreError(f"the catalog's models have columns that cannot be graph properties: {', '.join(bad)} "

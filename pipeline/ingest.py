@@ -117,6 +117,20 @@ def list_checkpoints(zoo_dir: Path) -> list[Path]:
     return sorted(files)
 
 
+def zoo_checkpoints(zoo_dir: Path, files: list[Path] | None = None) -> list[Path]:
+    """The checkpoints to ingest (``files``, else every one under ``zoo_dir``); raises ZooGraphError
+    for a missing folder or a zoo without checkpoints."""
+    zoo_dir = Path(zoo_dir)
+    if not zoo_dir.is_dir():
+        raise ZooGraphError(f"zoo folder {zoo_dir} does not exist")
+    found = list_checkpoints(zoo_dir) if files is None else [Path(f) for f in files]
+    if not found:
+        raise ZooGraphError(f"no checkpoints in {zoo_dir} (looked for "
+                            f"{', '.join('*' + s for s in sorted(checkpoints.CHECKPOINT_SUFFIXES))} in it and its "
+                            "sub-folders); nothing was ingested")
+    return found
+
+
 def shard_of(path: Path, shards: int) -> int:
     return int(hashlib.sha1(path.name.encode()).hexdigest(), 16) % shards
 
@@ -310,13 +324,7 @@ def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *
     ``on_bad_value="refuse"``) a bad value, always before anything is written.
     """
     zoo_dir = Path(zoo_dir)
-    if not zoo_dir.is_dir():
-        raise ZooGraphError(f"zoo folder {zoo_dir} does not exist")
-    all_files = list_checkpoints(zoo_dir) if files is None else [Path(f) for f in files]
-    if not all_files:
-        raise ZooGraphError(f"no checkpoints in {zoo_dir} (looked for "
-                            f"{', '.join('*' + s for s in sorted(checkpoints.CHECKPOINT_SUFFIXES))} in it and its "
-                            "sub-folders); nothing was ingested")
+    all_files = zoo_checkpoints(zoo_dir, files)
     files = [p for p in all_files if shard_of(p, shard[1]) == shard[0]]
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     zoo = zoo_name or zoo_dir.resolve().name

@@ -185,8 +185,8 @@ def zoo_metadata(zoo_dir: Path, files: list[Path], established: dict, on_bad_val
             except BadValue as exc:
                 typed[name] = None
                 whose = "the catalog's" if decision.established else "this zoo's"
-                bad.append(f"{r.origin[name]} ({Path(path).name}), column {name!r}: {exc}, but {whose} "
-                           f"{name} is {type_label(decision.type)}")
+                bad.append(f"{r.origin[name]} ({Path(path).name}), column {name!r}: {exc} ({whose} {name} "
+                           f"holds {type_label(decision.type)})")
         columns[path] = typed
     if bad and on_bad_value == "refuse":
         listed = "\n  ".join(bad[:MAX_LISTED]) + (f"\n  ... and {len(bad) - MAX_LISTED} more"

@@ -182,9 +182,6 @@ class MetadataStore(ABC):
         """Delete everything, property types included, and make the schema afresh (inside a
         ``transaction()`` this is undone if the transaction fails)."""
         self._reset()
-        self._schema_ready = False
-        self._model_props = {}
-        self.ensure_schema()
 
     @contextlib.contextmanager
     def transaction(self):

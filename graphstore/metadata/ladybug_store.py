@@ -91,6 +91,8 @@ class LadybugStore(MetadataStore):
             self._execute(f"DROP TABLE IF EXISTS {rel}")
         for label in ("Zoo", "Dataset", "Model", "Architecture", "Layer"):
             self._execute(f"DROP TABLE IF EXISTS {label}")
+        self._schema_ready, self._model_props = False, {}
+        self.ensure_schema()
 
     def _begin(self) -> None:
         self._execute("BEGIN TRANSACTION")
