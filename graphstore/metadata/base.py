@@ -117,8 +117,9 @@ class MetadataStore(ABC):
 
     backend: str = "?"
 
-    def __init__(self):
+    def __init__(self, read_only: bool = False):
         self._model_props: dict[str, str] = {}
+        self.read_only = read_only
 
     # -------------------------------------------------------------- public API
     def write_models(self, models: Sequence[dict], architectures: Sequence[dict], layers: Sequence[dict]) -> None:
@@ -165,10 +166,17 @@ class MetadataStore(ABC):
         self._merge("similar", [{"a": a, "b": b, "score": float(s), "run_id": run_id} for a, b, s in pairs])
 
     def run(self, query: str, params: dict[str, Any] | None = None) -> QueryResult:
-        """Run a Cypher query with parameters; errors become StoreError with the database's message."""
+        """Run a Cypher query with parameters; errors become StoreError with the database's message.
+        On a read-only store, anything but one read-only statement raises CypherRefused."""
+        if self.read_only:
+            from graphstore.metadata.read_only import check_read_only
+
+            check_read_only(query)
         return self._run(query, params or {})
 
     def ensure_schema(self) -> None:
+        if self.read_only:
+            raise StoreError(f"{self.describe()} was opened read-only")
         if not getattr(self, "_schema_ready", False):
             self._ensure_schema()
             self._schema_ready = True

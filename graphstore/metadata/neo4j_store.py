@@ -35,8 +35,8 @@ logging.getLogger("neo4j.notifications").setLevel(logging.ERROR)
 class Neo4jStore(MetadataStore):
     backend = "neo4j"
 
-    def __init__(self, settings: Neo4jSettings, connect_timeout: float = 10.0):
-        super().__init__()
+    def __init__(self, settings: Neo4jSettings, connect_timeout: float = 10.0, read_only: bool = False):
+        super().__init__(read_only)
         import neo4j
         from neo4j import exceptions as nx
 
@@ -56,6 +56,7 @@ class Neo4jStore(MetadataStore):
         return f"neo4j:{self.settings.uri}"
 
     def _execute(self, query: str, params: dict[str, Any] | None = None) -> QueryResult:
+        import neo4j
         from neo4j import exceptions as nx
 
         try:
@@ -64,8 +65,9 @@ class Neo4jStore(MetadataStore):
                 records, keys = list(result), result.keys()
                 summary = result.consume()
             else:
-                records, summary, keys = self._driver.execute_query(query, params or {},
-                                                                    database_=self.settings.database)
+                records, summary, keys = self._driver.execute_query(
+                    query, params or {}, database_=self.settings.database,
+                    routing_=neo4j.RoutingControl.READ if self.read_only else neo4j.RoutingControl.WRITE)
         except nx.Neo4jError as exc:
             raise StoreError(f"{exc.code}: {exc.message}") from exc
         except (nx.ServiceUnavailable, nx.SessionExpired) as exc:
