@@ -266,11 +266,20 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     write_run(catalog, run_id, {**asdict(cfg), "world_size": ctx.world}, sel, results, emb, metrics, artifact)
     if store is not None:
         try:
-            store.write_predictions(sel.target, zip(sel.model_ids, _store_values(sel, pred)), run_id)
+            write_back(catalog, store, sel, pred, run_id)
         except Exception as exc:
             report.store_warning = str(exc).splitlines()[0]
     barrier(ctx)
     return report
+
+
+def write_back(catalog, store, sel: Selection, pred: np.ndarray, run_id: str) -> None:
+    """Predictions into the graph store, after writing any of the run's models the store lacks
+    (a lost ingest write), so that no prediction is silently dropped."""
+    from graphstore.sync import reconcile_models
+
+    reconcile_models(catalog, store, sel.model_ids)
+    store.write_predictions(sel.target, zip(sel.model_ids, _store_values(sel, pred)), run_id)
 
 
 def _store_values(sel: Selection, pred: np.ndarray) -> list:
@@ -381,5 +390,5 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     write_run(catalog, new_run, {"where": where, "source_run": run_id}, sel, {"ngnn": pred}, emb,
               {"ngnn": metrics}, catalog.location("artifacts", run_id), splits=np.array(["predict"] * len(sel.model_ids)))
     if store is not None:
-        store.write_predictions(sel.target, zip(sel.model_ids, _store_values(sel, pred)), run_id)
+        write_back(catalog, store, sel, pred, run_id)
     return PredictReport(run_id, len(sel.model_ids), sel.target, metrics)

@@ -312,3 +312,20 @@ def test_a_held_graph_store_fails_ingest_and_a_rerun_repairs_it(tmp_path, mlp_zo
     assert res.exit_code == 0, res.output
     assert "graph store repaired: wrote 6 models" in res.output
     assert _graph_models(cat) == N
+
+
+def test_training_write_back_restores_models_the_graph_lost(catalog_copy):
+    from jobs.train import TrainConfig, train_heterognn
+
+    with open_store(catalog_copy, use_env=False) as store:
+        sync_store(catalog_copy, store)
+        store.run("MATCH (m:Model) WHERE m.zoo = 'mlp' DETACH DELETE m")       # a graph write lost
+        assert store.run("MATCH (m:Model) WHERE m.zoo = 'mlp' RETURN count(m)").rows == [[0]]
+        report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'mlp'", epochs=1, batch_size=16, hidden=8,
+                                                           edge_hidden=4, layers=1, baselines=False),
+                                 store=store, progress=False)
+        assert report.store_warning is None
+        n = duck.connect(catalog_copy).execute("SELECT count(*) FROM models WHERE zoo = 'mlp'").fetchone()[0]
+        got = store.run("MATCH (:Zoo {name: 'mlp'})-[:CONTAINS]->(m:Model)-[:HAS_ARCHITECTURE]->(:Architecture) "
+                        "WHERE m.predicted_test_accuracy_run = $run RETURN count(m)", {"run": report.run_id}).rows
+        assert got == [[n]]
