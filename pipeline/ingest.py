@@ -329,7 +329,8 @@ def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     zoo = zoo_name or zoo_dir.resolve().name
     report = IngestReport(zoo, catalog.root)
-    meta: ZooMetadata = zoo_metadata(zoo_dir, files, established_types(catalog), on_bad_value)
+    meta: ZooMetadata = zoo_metadata(zoo_dir, files, established_types(catalog), on_bad_value,
+                                     zoo_files=all_files if files is not None and len(files) < len(all_files) else None)
     report.warnings.extend(meta.warnings)
     if not files:
         report.warnings.append(f"shard {shard[0]}/{shard[1]} holds none of the {len(all_files)} checkpoints")

@@ -143,8 +143,11 @@ def sidecar_row(checkpoint: Path, zoo_dir: Path) -> Row:
     return Row(values, {k: where for k in values}, "sidecars")
 
 
-def zoo_metadata(zoo_dir: Path, files: list[Path], established: dict, on_bad_value: str = "null") -> ZooMetadata:
+def zoo_metadata(zoo_dir: Path, files: list[Path], established: dict, on_bad_value: str = "null",
+                 zoo_files: list[Path] | None = None) -> ZooMetadata:
     """Merged, typed attributes of ``files`` (checkpoints of ``zoo_dir``); see the module docstring.
+    ``zoo_files`` (default ``files``): the checkpoints whose values decide a new column's type, the
+    whole zoo when ``files`` is one shard of it, so that every shard decides alike.
     Raises ZooGraphError (before anything is written) for an unreadable ``metrics.csv`` and, with
     ``on_bad_value="refuse"``, for any value that does not fit its column."""
     if on_bad_value not in ON_BAD_VALUE:
@@ -153,7 +156,8 @@ def zoo_metadata(zoo_dir: Path, files: list[Path], established: dict, on_bad_val
     csv_rows = read_metrics_csv(zoo_dir, warnings)
     merged: dict[str, Row] = {}
     spellings: dict[str, dict[str, str]] = {}          # column -> raw key -> a file it came from
-    for p in files:
+    wanted = {str(p) for p in files}
+    for p in list(files) + [p for p in (zoo_files or []) if str(p) not in wanted]:
         side, row = sidecar_row(p, zoo_dir), csv_rows.get(p.name, Row())
         out = Row()
         for src in (side, row):                          # metrics.csv last: it wins
@@ -177,6 +181,8 @@ def zoo_metadata(zoo_dir: Path, files: list[Path], established: dict, on_bad_val
     columns: dict[str, dict[str, Any]] = {}
     bad: list[str] = []
     for path, r in merged.items():
+        if path not in wanted:
+            continue
         typed = {}
         for name, v in r.values.items():
             decision = types[name]
@@ -194,4 +200,4 @@ def zoo_metadata(zoo_dir: Path, files: list[Path], established: dict, on_bad_val
         raise ZooGraphError(f"{len(bad)} value(s) do not fit their column (nothing was written; fix them, or "
                             f"use --on-bad-value null to record them as null):\n  {listed}")
     warnings.extend(f"{b}; recorded as null" for b in bad)
-    return ZooMetadata({p: r.raw for p, r in merged.items()}, columns, types, warnings)
+    return ZooMetadata({p: r.raw for p, r in merged.items() if p in wanted}, columns, types, warnings)

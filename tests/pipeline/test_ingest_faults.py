@@ -102,6 +102,49 @@ def test_one_bad_value_becomes_null_and_the_column_stays_numeric(tmp_path, mlp_z
     assert con.execute("SELECT count(*) FROM models WHERE test_accuracy IS NOT NULL").fetchone()[0] == N - 1
 
 
+def test_an_empty_column_does_not_fix_a_type_and_shards_decide_alike(tmp_path, mlp_zoo):
+    from pipeline.ingest import list_checkpoints, shard_of
+    from pipeline.zoo_metadata import zoo_metadata
+
+    rows = _plain_rows(mlp_zoo)
+    for r in rows:
+        r["psnr"] = ""
+    zoo = _zoo(tmp_path, mlp_zoo, rows=rows)
+    cat = tmp_path / "cat"
+    assert _ingest(zoo, cat, "--no-graph").exit_code == 0
+    later = _plain_rows(mlp_zoo, N + 2)[N:]
+    for r in later:
+        r["psnr"] = "31.5"
+    other = tmp_path / "other"
+    other.mkdir()
+    for r in later:
+        stem = r["checkpoint"].rsplit(".", 1)[0]
+        shutil.copy(mlp_zoo / f"{stem}.safetensors", other)
+        shutil.copy(mlp_zoo / f"{stem}.json", other)
+    with open(other / "metrics.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(later[0]))
+        w.writeheader()
+        w.writerows(later)
+    res = _ingest(other, cat, "--no-graph")
+    assert res.exit_code == 0 and "WARNING" not in res.output, res.output
+    assert _types(cat)["psnr"] == "DOUBLE"
+
+    # a column that is mostly numbers: every shard decides "number", even one whose own rows are text
+    rows = _plain_rows(mlp_zoo)
+    files = list_checkpoints(zoo)
+    shard0 = [p for p in files if shard_of(p, 2) == 0]
+    assert 0 < len(shard0) < len(files) / 2 + 1
+    for r in rows:
+        r["score"] = "bad" if (zoo / r["checkpoint"]) == shard0[0] else "0.5"
+    with open(zoo / "metrics.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    meta = zoo_metadata(zoo, shard0[:1], {}, zoo_files=files)
+    assert str(meta.types["score"].type) == "double" and meta.columns[str(shard0[0])]["score"] is None
+    assert str(zoo_metadata(zoo, shard0[:1], {}).types["score"].type) == "string"   # alone it would be text
+
+
 def test_refuse_flag_refuses_the_zoo_before_anything_is_written(tmp_path, mlp_zoo):
     rows = _plain_rows(mlp_zoo)
     rows[3]["lr"] = "fast"
