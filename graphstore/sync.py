@@ -72,7 +72,7 @@ def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True,
         try:
             with store.transaction():
                 if clear:
-                    store.reset()
+                    store.clear()
                 store.write_models([], architectures, layers)
                 for rb in duck.stream(con, "SELECT * FROM models ORDER BY model_id", batch_size=batch):
                     rows = rb.to_pylist()

@@ -186,11 +186,6 @@ class MetadataStore(ABC):
         """Delete every node and relationship (schema kept)."""
         self._clear()
 
-    def reset(self) -> None:
-        """Delete everything, property types included, and make the schema afresh (inside a
-        ``transaction()`` this is undone if the transaction fails)."""
-        self._reset()
-
     @contextlib.contextmanager
     def transaction(self):
         """Everything written inside is committed together when the block ends, or not at all
@@ -253,9 +248,6 @@ class MetadataStore(ABC):
 
     @abstractmethod
     def _clear(self) -> None: ...
-
-    def _reset(self) -> None:
-        self._clear()
 
     @abstractmethod
     def _begin(self) -> None: ...

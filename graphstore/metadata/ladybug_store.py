@@ -90,14 +90,6 @@ class LadybugStore(MetadataStore):
         for label in ("Zoo", "Dataset", "Model", "Architecture", "Layer"):
             self._execute(f"MATCH (n:{label}) DELETE n")
 
-    def _reset(self) -> None:
-        for rel in ("CONTAINS", "HAS_ARCHITECTURE", "HAS_LAYER", "FEEDS", "TRAINED_ON", "SIMILAR_TO"):
-            self._execute(f"DROP TABLE IF EXISTS {rel}")
-        for label in ("Zoo", "Dataset", "Model", "Architecture", "Layer"):
-            self._execute(f"DROP TABLE IF EXISTS {label}")
-        self._schema_ready, self._model_props = False, {}
-        self.ensure_schema()
-
     def _begin(self) -> None:
         self._execute("BEGIN TRANSACTION")
 
@@ -109,6 +101,11 @@ class LadybugStore(MetadataStore):
             self._execute("ROLLBACK")
         except StoreError:          # the database may have rolled back already after a failed statement
             pass
+        # the connection caches prepared statements by their text; ones prepared inside the
+        # transaction may name columns that the rollback removed
+        cache = getattr(self._conn, "_pybind_implicit_prepared_cache", None)
+        if cache is not None:
+            cache.clear()
 
     def close(self) -> None:
         conn, db = getattr(self, "_conn", None), getattr(self, "_db", None)

@@ -193,6 +193,8 @@ def test_a_failed_sync_leaves_the_previous_graph(tmp_path, mlp_zoo, store_factor
     store._write = real_write
     assert len(calls) == 6
     assert store.run(count).rows == [[N]]
+    assert sync_store(cat, store).models == N                    # the same store syncs fine afterwards
+    assert store.run("MATCH (m:Model) WHERE m.test_accuracy >= 0 AND m.lr > 0 RETURN count(m)").rows == [[N]]
 
     # 2. a catalog part written by an older version, with a column that cannot be a graph property
     con = duck.connect(cat)
