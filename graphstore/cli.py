@@ -40,11 +40,21 @@ def sync(catalog, neo4j_uri, neo4j_user, neo4j_password, keep):
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Query parameter $KEY (JSON values are parsed: numbers, true, lists). Repeatable.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("--write", is_flag=True,
+              help="For administrators: allow statements that change the graph or touch files (CREATE, MERGE, "
+                   "DELETE, SET, DROP, LOAD, COPY, ...) and several statements at once. The graph is rebuilt "
+                   "from Parquet by `graphstore sync`, which undoes such changes.")
 @catalog_option
 @store_options
 @translate_errors
-def cypher(query, named, params, fmt, catalog, neo4j_uri, neo4j_user, neo4j_password):
-    """Run a Cypher QUERY with parameters and print the result.
+def cypher(query, named, params, fmt, write, catalog, neo4j_uri, neo4j_user, neo4j_password):
+    """Run a read-only Cypher QUERY with parameters and print the result.
+
+    \b
+    Read-only unless --write: the embedded store is opened read-only, Neo4j runs the query in a
+    read transaction, and statements that write, read or write files (LOAD FROM, LOAD CSV, COPY),
+    change settings, call procedures other than the schema ones, or hold several statements are
+    refused before they run.
 
     Example: graphstore cypher "MATCH (m:Model) WHERE m.test_accuracy > $t RETURN count(m)" --param t=0.9
     """
@@ -57,7 +67,11 @@ def cypher(query, named, params, fmt, catalog, neo4j_uri, neo4j_user, neo4j_pass
         query = SUITE[named]
     if not query:
         raise click.UsageError("give a QUERY or --named NAME")
-    with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) as store:
+    if not write:       # refused before the store is even opened
+        from graphstore.metadata.read_only import check_read_only
+
+        check_read_only(query)
+    with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password, read_only=not write) as store:
         result = store.run(query, parse_params(params))
     for notice in result.notices:
         echo_err(f"notice: {notice}")

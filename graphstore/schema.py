@@ -1,12 +1,10 @@
 """One explicit pyarrow schema per catalog relation, used by every writer, reader and test.
 
-``models`` has fixed columns plus one typed column per metadata field of the zoo (numbers as
-float64, booleans as bool, everything else as string); ``metadata_json`` keeps them all verbatim.
+``models`` has fixed columns plus one typed column per metadata field (numbers as float64,
+booleans as bool, text as string, one type per column for the whole catalog: see
+graphstore.column_types); ``metadata_json`` keeps them all verbatim.
 """
 from __future__ import annotations
-
-import math
-from typing import Any
 
 import pyarrow as pa
 
@@ -128,38 +126,3 @@ RESULT_RELATIONS = ("runs", "predictions", "embeddings", "similarities")
 FIXED_SCHEMAS = {"architectures": ARCHITECTURES, "layers": LAYERS, "nodes": NODES, "edges": EDGES,
                  "ingest_errors": INGEST_ERRORS, "runs": RUNS, "predictions": PREDICTIONS,
                  "embeddings": EMBEDDINGS, "similarities": SIMILAR, "models": MODEL_CORE}
-
-
-def metadata_type(values: list[Any]) -> pa.DataType:
-    """Column type of one metadata field: float64 for numbers, bool, else string."""
-    present = [v for v in values if v is not None and v != ""]
-    if present and all(isinstance(v, bool) for v in present):
-        return pa.bool_()
-    if present and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
-        return pa.float64()
-    return pa.string()
-
-
-def metadata_column_name(key: str) -> str:
-    clean = "".join(c if c.isalnum() or c == "_" else "_" for c in key.strip()).lower() or "field"
-    return "meta_" + clean if clean in MODEL_CORE.names else clean
-
-
-def models_schema(rows: list[dict[str, Any]]) -> pa.Schema:
-    """MODEL_CORE plus the typed metadata columns of these rows."""
-    keys = sorted({k for r in rows for k in r.get("metadata", {})})
-    fields = list(MODEL_CORE)
-    for key in keys:
-        fields.append(pa.field(metadata_column_name(key), metadata_type([r["metadata"].get(key) for r in rows])))
-    return pa.schema(fields)
-
-
-def coerce_metadata(value: Any, typ: pa.DataType) -> Any:
-    if value is None or value == "":
-        return None
-    if pa.types.is_floating(typ):
-        f = float(value)
-        return f if math.isfinite(f) else None
-    if pa.types.is_boolean(typ):
-        return bool(value)
-    return value if isinstance(value, str) else str(value)

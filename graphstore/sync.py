@@ -1,11 +1,20 @@
-"""Rebuild the graph store from the Parquet catalog, the source of truth."""
+"""Rebuild the graph store from the Parquet catalog, the source of truth, or repair it for some models.
+
+``sync_store`` never leaves a half-built graph: it reads and checks everything first, then clears
+and writes inside one store transaction, so a failure at any point (a bad value, a lost connection,
+a full disk) leaves the graph as it was. ``reconcile_models`` writes the models of a list that the
+graph lacks (ingest and training call it, so a re-run repairs a graph write that was lost).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from graphstore import duck
 from graphstore.catalog import Catalog
-from graphstore.metadata.base import MetadataStore
+from graphstore.metadata.base import _SKIP_MODEL, MetadataStore, batches, check_property
+from pipeline.errors import StoreError
 
 ONE_MODEL_PER_ARCHITECTURE = (
     "SELECT l.*, r.architecture_id FROM layers l JOIN "
@@ -35,33 +44,93 @@ class SyncReport:
 
 
 def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True, batch: int = 2000) -> SyncReport:
-    """Clear ``store`` (unless ``clear=False``) and write everything the catalog knows into it."""
+    """Rebuild ``store`` from the catalog (``clear=False``: merge into what it holds), atomically:
+    on any failure the store keeps the graph it had and StoreError says why."""
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     catalog.require()
     con = duck.connect(catalog)
-    if clear:
-        store.clear()
-    store.ensure_schema()
-    architectures = con.sql("SELECT * FROM architectures").arrow().read_all().to_pylist()
-    layers = con.sql(ONE_MODEL_PER_ARCHITECTURE).arrow().read_all().to_pylist()
-    store.write_models([], architectures, layers)
-    n_models = 0
-    for rb in duck.stream(con, "SELECT * FROM models ORDER BY model_id", batch_size=batch):
-        rows = rb.to_pylist()
-        store.write_models(rows, [], [])
-        n_models += len(rows)
-    preds = con.sql(LATEST_PREDICTIONS).fetchall()
-    by_target: dict[tuple[str, str], list] = {}
-    for target, model_id, value, run_id, task in preds:
-        if value is not None:
-            by_target.setdefault((target, run_id), []).append(
-                (model_id, float(value) if task == "regression" else value))
-    for (target, run_id), rows in by_target.items():
-        store.write_predictions(target, rows, run_id)
-    similar: dict[str, list] = {}
-    for a, b, score, run_id in con.execute(SIMILAR_EDGES).fetchall():
-        similar.setdefault(run_id, []).append((a, b, score))
-    for run_id, pairs in similar.items():
-        store.write_similar(pairs, run_id)
-    con.close()
+    try:
+        # everything is read and checked before the store is touched
+        bad = [c for c in con.sql("SELECT * FROM models LIMIT 0").columns
+               if c not in _SKIP_MODEL and not _valid_property(c)]
+        if bad:
+            raise StoreError(f"the catalog's models have columns that cannot be graph properties: {', '.join(bad)} "
+                             "(lower-case letters, digits and _, not starting with a digit); the graph store "
+                             "was left unchanged")
+        architectures = con.sql("SELECT * FROM architectures").arrow().read_all().to_pylist()
+        layers = con.sql(ONE_MODEL_PER_ARCHITECTURE).arrow().read_all().to_pylist()
+        preds = con.sql(LATEST_PREDICTIONS).fetchall()
+        similar: dict[str, list] = {}
+        for a, b, score, run_id in con.execute(SIMILAR_EDGES).fetchall():
+            similar.setdefault(run_id, []).append((a, b, score))
+        by_target: dict[tuple[str, str], list] = {}
+        for target, model_id, value, run_id, task in preds:
+            if value is not None:
+                by_target.setdefault((target, run_id), []).append(
+                    (model_id, float(value) if task == "regression" else value))
+        n_models = 0
+        try:
+            with store.transaction():
+                if clear:
+                    store.clear()
+                store.write_models([], architectures, layers)
+                for rb in duck.stream(con, "SELECT * FROM models ORDER BY model_id", batch_size=batch):
+                    rows = rb.to_pylist()
+                    store.write_models(rows, [], [])
+                    n_models += len(rows)
+                for (target, run_id), rows in by_target.items():
+                    store.write_predictions(target, rows, run_id)
+                for run_id, pairs in similar.items():
+                    store.write_similar(pairs, run_id)
+        except StoreError as exc:
+            raise StoreError(f"{exc} (the graph store was left as it was)") from exc
+    finally:
+        con.close()
     return SyncReport(store.describe(), n_models, len(architectures), len(preds))
+
+
+def _valid_property(name: str) -> bool:
+    try:
+        check_property(name)
+        return True
+    except StoreError:
+        return False
+
+
+PRESENT = ("MATCH (:Zoo)-[:CONTAINS]->(m:Model)-[:HAS_ARCHITECTURE]->(:Architecture) "
+           "WHERE m.model_id IN $ids RETURN DISTINCT m.model_id AS model_id")
+
+
+def missing_models(store: MetadataStore, model_ids) -> list[str]:
+    """The models of ``model_ids`` the graph store lacks, or holds without their zoo or architecture."""
+    ids = list(dict.fromkeys(model_ids))
+    store.ensure_schema()
+    present: set[str] = set()
+    for chunk in batches(ids):
+        present.update(r[0] for r in store.run(PRESENT, {"ids": chunk}).rows)
+    return [i for i in ids if i not in present]
+
+
+def reconcile_models(catalog: Catalog | str, store: MetadataStore, model_ids) -> int:
+    """Write the models of ``model_ids`` that the graph store lacks (with their architectures and
+    layers) from Parquet; returns how many were written."""
+    missing = missing_models(store, model_ids)
+    if not missing:
+        return 0
+    catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    con = duck.connect(catalog, ["models", "architectures", "layers"])
+    try:
+        con.register("_ids", pa.table({"model_id": missing}))
+        con.execute("CREATE TEMP TABLE _wanted AS SELECT m.* FROM models m JOIN _ids USING (model_id)")
+        models = con.sql("SELECT * FROM _wanted ORDER BY model_id").arrow().read_all().to_pylist()
+        archs = con.sql("SELECT * FROM architectures WHERE architecture_id IN "
+                        "(SELECT architecture_id FROM _wanted)").arrow().read_all().to_pylist()
+        layers = con.sql("SELECT l.*, w.architecture_id FROM layers l JOIN (SELECT architecture_id, "
+                         "min(model_id) AS model_id FROM _wanted GROUP BY 1) w USING (model_id)"
+                         ).arrow().read_all().to_pylist()
+    finally:
+        con.close()
+    store.write_models([], archs, layers)
+    for chunk in batches(models, 2000):
+        store.write_models(chunk, [], [])
+    return len(models)

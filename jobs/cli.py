@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
@@ -102,6 +103,8 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batc
     report.store_warning = report.store_warning or warning
     if main_rank:
         click.echo(report.summary())
+        if report.store_warning:        # the run is in Parquet; the graph store is behind: not a success
+            sys.exit(1)
 
 
 @main.command()

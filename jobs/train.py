@@ -297,7 +297,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     write_run(catalog, run_id, {**asdict(cfg), "world_size": ctx.world}, sel, results, emb, metrics, artifact)
     if store is not None:
         try:
-            store.write_predictions(sel.target, zip(sel.model_ids, _store_values(sel, pred)), run_id)
+            write_back(catalog, store, sel, pred, run_id)
         except Exception as exc:
             report.store_warning = str(exc).splitlines()[0]
     barrier(ctx)
@@ -368,6 +368,15 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
         x = statnn_features_of_graphs(graphs)[:, statnn.columns]
         metrics["statnn" + tag] = metrics_for(sel.task, y, statnn.estimator.predict(x).astype(np.float64))
     return metrics
+
+
+def write_back(catalog, store, sel: Selection, pred: np.ndarray, run_id: str) -> None:
+    """Predictions into the graph store, after writing any of the run's models the store lacks
+    (a lost ingest write), so that no prediction is silently dropped."""
+    from graphstore.sync import reconcile_models
+
+    reconcile_models(catalog, store, sel.model_ids)
+    store.write_predictions(sel.target, zip(sel.model_ids, _store_values(sel, pred)), run_id)
 
 
 def _store_values(sel: Selection, pred: np.ndarray) -> list:
@@ -480,5 +489,5 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     write_run(catalog, new_run, {"where": where, "source_run": run_id}, sel, {kind: pred}, emb,
               {kind: metrics}, catalog.location("artifacts", run_id), splits=np.array(["predict"] * len(sel.model_ids)))
     if store is not None:
-        store.write_predictions(sel.target, zip(sel.model_ids, _store_values(sel, pred)), run_id)
+        write_back(catalog, store, sel, pred, run_id)
     return PredictReport(run_id, len(sel.model_ids), sel.target, metrics)

@@ -57,30 +57,38 @@ def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas):
 @click.option("--shard", default="0/1", show_default=True,
               help="I/N: ingest only the checkpoints of shard I of N (several machines, one catalog).")
 @click.option("--no-graph", is_flag=True, help="Write Parquet only; run `graphstore sync` later.")
+@click.option("--on-bad-value", type=click.Choice(["null", "refuse"]), default="null", show_default=True,
+              help="A metrics.csv or sidecar value that does not fit its column's type (a word in a column of "
+                   "numbers): record it as null with a warning, or refuse the zoo before anything is written.")
 @store_options
 @translate_errors
-def ingest(zoo_dir, catalog, workers, zoo_name, shard, no_graph, neo4j_uri, neo4j_user, neo4j_password):
+def ingest(zoo_dir, catalog, workers, zoo_name, shard, no_graph, on_bad_value, neo4j_uri, neo4j_user,
+           neo4j_password):
     """Convert every checkpoint under ZOO_DIR into its neural graph and append it to the catalog.
 
     Checkpoints are .pt2 (torch.export) or .pt/.safetensors state dicts with a JSON sidecar
-    holding the architecture spec; metrics.csv and sidecars give the model attributes. Models
-    already in the catalog are skipped (content hash); failures are listed and recorded in
-    ingest_errors, and the exit code is 1 when any checkpoint failed.
+    holding the architecture spec; metrics.csv and sidecars give the model attributes, one type
+    per column for the whole catalog (a column of numbers stays numbers). Models already in the
+    catalog are skipped (content hash), and any of this zoo's models missing from the graph store
+    are written to it (a re-run repairs a lost graph write). Failures are listed and recorded in
+    ingest_errors. Exit code 1 when any checkpoint failed or the graph store could not be brought
+    up to date (then run `graphstore sync`).
     """
     from pipeline.config import catalog_dir
-    from pipeline.ingest import ingest_zoo
+    from pipeline.ingest import ingest_zoo, zoo_checkpoints
 
     try:
         i, n = (int(x) for x in shard.split("/"))
         assert 0 <= i < n
     except (ValueError, AssertionError):
         raise click.BadParameter(f"{shard!r} is not I/N with 0 <= I < N", param_hint="--shard")
+    zoo_checkpoints(zoo_dir)            # an empty zoo is refused before the catalog or its graph store is touched
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=not no_graph) as (store, warning):
         report = ingest_zoo(zoo_dir, catalog_dir(catalog), workers=workers, zoo_name=zoo_name, store=store,
-                            shard=(i, n))
+                            shard=(i, n), on_bad_value=on_bad_value)
     report.store_warning = report.store_warning or warning
     click.echo(report.summary())
-    if not report.ok:
+    if not report.ok or report.graph_behind:
         sys.exit(1)
 
 

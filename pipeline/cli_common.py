@@ -76,11 +76,12 @@ def store_options(fn: Callable) -> Callable:
     return fn
 
 
-def open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password):
+def open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password, read_only: bool = False):
     from graphstore.metadata import open_store
     from pipeline.config import catalog_dir, neo4j_settings
 
-    return open_store(catalog_dir(catalog), neo4j_settings(neo4j_uri, neo4j_user, neo4j_password))
+    return open_store(catalog_dir(catalog), neo4j_settings(neo4j_uri, neo4j_user, neo4j_password),
+                      read_only=read_only)
 
 
 @contextlib.contextmanager

@@ -7,11 +7,15 @@ Rules kept here:
   re-run finishes the job;
 - a checkpoint that cannot be read or converted is recorded in ``ingest_errors`` with its reason
   and the rest of the zoo goes on;
+- model attributes (metrics.csv, sidecars) keep one type per column for the whole catalog; a value
+  that does not fit is recorded as null with a warning, or refuses the zoo before anything is
+  written (pipeline.zoo_metadata);
+- the graph store is reconciled with Parquet for every model of the zoo, so a re-run repairs a graph
+  write that a crash or a held lock lost; when it cannot be, the report says what is missing;
 - memory is bounded by the part size, not by the zoo size.
 """
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import os
@@ -26,10 +30,11 @@ from tqdm import tqdm
 
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
+from graphstore.column_types import established_types
 from graphstore.graph_codec import graph_tables
-from graphstore.schema import (ARCHITECTURES, INGEST_ERRORS, LAYERS, coerce_metadata, metadata_column_name,
-                               models_schema)
+from graphstore.schema import ARCHITECTURES, INGEST_ERRORS, LAYERS, MODEL_CORE
 from pipeline import checkpoints
+from pipeline.zoo_metadata import ZooMetadata, zoo_metadata
 from pipeline.errors import ZooGraphError
 from pipeline.workers import process_pool
 from pipeline.neural_graph.convert import PlanCache, convert_checkpoint
@@ -46,7 +51,8 @@ class ModelRecord:
     spec: dict | None
     graph: NeuralGraph
     num_params: int
-    metadata: dict[str, Any]
+    metadata: dict[str, Any]                                    # verbatim (metadata_json)
+    columns: dict[str, Any] = field(default_factory=dict)       # typed, by column name
 
 
 @dataclass
@@ -67,73 +73,62 @@ class IngestReport:
     parts: int = 0
     seconds: float = 0.0
     store_warning: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    model_ids: list[str] = field(default_factory=list)       # every model of the zoo in the catalog
+    graph_repaired: int = 0                                  # models the graph store lacked and got
 
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    @property
+    def graph_behind(self) -> bool:
+        """The graph store could not be brought up to date with Parquet for this zoo."""
+        return self.store_warning is not None
 
     def summary(self) -> str:
         rate = self.seen / self.seconds if self.seconds else 0.0
         lines = [f"ingested zoo {self.zoo!r} into {self.catalog}: {self.added} new models, "
                  f"{self.duplicates} already in the catalog, {len(self.errors)} failed "
                  f"({self.seen} checkpoints, {rate:.1f} models/s)"]
+        for w in self.warnings[:20]:
+            lines.append(f"  WARNING {w}")
+        if len(self.warnings) > 20:
+            lines.append(f"  ... and {len(self.warnings) - 20} more warnings")
         for err in self.errors[:20]:
             lines.append(f"  FAILED {err.source_path}: {err.error_type}: {err.message}")
         if len(self.errors) > 20:
             lines.append(f"  ... and {len(self.errors) - 20} more (see the ingest_errors relation)")
+        if self.graph_repaired:
+            lines.append(f"  graph store repaired: wrote {self.graph_repaired} models of this zoo that were in "
+                         "Parquet but missing from the graph")
         if self.store_warning:
-            lines.append(f"  graph store not updated: {self.store_warning} (run `graphstore sync` later)")
+            lines.append(f"  graph store not updated: {self.store_warning}")
+            lines.append(f"  the graph store may lack up to {len(self.model_ids)} models of zoo {self.zoo!r} that "
+                         "are in the catalog: run `graphstore sync` (or this ingest again) once the store is "
+                         "available")
         return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- zoo metadata
-def _parse_cell(text: str) -> Any:
-    if text == "":
-        return None
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
-def read_zoo_metadata(zoo_dir: Path) -> dict[str, dict[str, Any]]:
-    """metrics.csv rows by checkpoint file name (``hparams`` JSON expanded into fields)."""
-    path = zoo_dir / "metrics.csv"
-    if not path.exists():
-        return {}
-    out: dict[str, dict[str, Any]] = {}
-    with open(path, newline="") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if not header:
-            return {}
-        for row in reader:
-            if not row:
-                continue
-            values = {h: _parse_cell(v) for h, v in zip(header[1:], row[1:])}
-            hp = values.pop("hparams", None)
-            if isinstance(hp, str):
-                try:
-                    parsed = json.loads(hp)
-                    if isinstance(parsed, dict):
-                        values = {**parsed, **{k: v for k, v in values.items() if v is not None}}
-                except json.JSONDecodeError:
-                    values["hparams"] = hp
-            out[Path(row[0]).name] = values
-    return out
-
-
+# --------------------------------------------------------------------------- zoo files
 def list_checkpoints(zoo_dir: Path) -> list[Path]:
     files = [p for p in zoo_dir.rglob("*") if p.is_file() and p.suffix in checkpoints.CHECKPOINT_SUFFIXES
              and not p.name.startswith(".")]
     return sorted(files)
+
+
+def zoo_checkpoints(zoo_dir: Path, files: list[Path] | None = None) -> list[Path]:
+    """The checkpoints to ingest (``files``, else every one under ``zoo_dir``); raises ZooGraphError
+    for a missing folder or a zoo without checkpoints."""
+    zoo_dir = Path(zoo_dir)
+    if not zoo_dir.is_dir():
+        raise ZooGraphError(f"zoo folder {zoo_dir} does not exist")
+    found = list_checkpoints(zoo_dir) if files is None else [Path(f) for f in files]
+    if not found:
+        raise ZooGraphError(f"no checkpoints in {zoo_dir} (looked for "
+                            f"{', '.join('*' + s for s in sorted(checkpoints.CHECKPOINT_SUFFIXES))} in it and its "
+                            "sub-folders); nothing was ingested")
+    return found
 
 
 def shard_of(path: Path, shards: int) -> int:
@@ -154,8 +149,9 @@ def content_id(plan: Plan, state: dict[str, torch.Tensor]) -> str:
 _CACHE: PlanCache | None = None
 
 
-def convert_one(path: str, zoo_dir: str, meta_row: dict[str, Any] | None) -> ModelRecord | ErrorRecord:
-    """Convert one checkpoint; never raises for a bad checkpoint (returns an ErrorRecord)."""
+def convert_one(path: str, zoo_dir: str, metadata: dict[str, Any] | None) -> ModelRecord | ErrorRecord:
+    """Convert one checkpoint; never raises for a bad checkpoint (returns an ErrorRecord).
+    ``metadata``: its attributes, verbatim (pipeline.zoo_metadata)."""
     global _CACHE
     if _CACHE is None:
         _CACHE = PlanCache()
@@ -164,12 +160,10 @@ def convert_one(path: str, zoo_dir: str, meta_row: dict[str, Any] | None) -> Mod
     try:
         side = checkpoints.read_sidecar(p)
         conv = convert_checkpoint(p, side.get("architecture"), _CACHE)
-        metadata = {**side.get("metadata", {}), **side.get("metrics", {}), **(meta_row or {})}
-        metadata = {k: v for k, v in metadata.items() if not isinstance(v, (dict, list))}
         params = sum(int(conv.state[k].numel()) for op in conv.plan.ops
                      for k in (op.get("weight_key"), op.get("bias_key")) if k)
         return ModelRecord(content_id(conv.plan, conv.state), rel, p.name, conv.plan, conv.spec, conv.graph,
-                           params, metadata)
+                           params, dict(metadata or {}))
     except ZooGraphError as exc:
         return ErrorRecord(rel, type(exc).__name__, str(exc))
     except Exception as exc:  # a checkpoint must never stop the zoo: record and go on
@@ -198,11 +192,19 @@ def summarize_plan(plan: Plan) -> str:
     return " | ".join(parts)
 
 
-def tables_for(records: list[ModelRecord], zoo: str) -> dict[str, pa.Table]:
-    """The Arrow tables of one part (a non-empty batch): models, architectures, layers, nodes, edges."""
+def models_schema(records: list[ModelRecord], types: dict[str, pa.DataType]) -> pa.Schema:
+    """MODEL_CORE plus the metadata columns these records have, typed as decided for the catalog."""
+    names = sorted({k for r in records for k in r.columns})
+    return pa.schema(list(MODEL_CORE) + [pa.field(n, types.get(n, pa.string())) for n in names])
+
+
+def tables_for(records: list[ModelRecord], zoo: str, types: dict[str, pa.DataType] | None = None
+               ) -> dict[str, pa.Table]:
+    """The Arrow tables of one part (a non-empty batch): models, architectures, layers, nodes, edges.
+    ``types``: the metadata columns' types (pipeline.zoo_metadata); ``r.columns`` are typed by them."""
     ids = [r.model_id for r in records]
     at = now_utc()
-    schema = models_schema([{"metadata": r.metadata} for r in records])
+    schema = models_schema(records, types or {})
     cols: dict[str, list] = {name: [] for name in schema.names}
     for r in records:
         g = r.graph
@@ -212,9 +214,8 @@ def tables_for(records: list[ModelRecord], zoo: str) -> dict[str, pa.Table]:
                 "buffers_json": json.dumps(g.buffers), "metadata_json": json.dumps(r.metadata, sort_keys=True,
                                                                                   default=str),
                 "ingested_at": at}
-        meta = {metadata_column_name(k): v for k, v in r.metadata.items()}
         for f in schema:
-            cols[f.name].append(core[f.name] if f.name in core else coerce_metadata(meta.get(f.name), f.type))
+            cols[f.name].append(core[f.name] if f.name in core else r.columns.get(f.name))
     models = pa.table(cols, schema=schema)
 
     archs: dict[str, ModelRecord] = {}
@@ -271,63 +272,80 @@ def _results(jobs: list[tuple], workers: int) -> Iterator[ModelRecord | ErrorRec
 def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *, workers: int = 1,
                zoo_name: str | None = None, store=None, shard: tuple[int, int] = (0, 1),
                part_edges: int = 2_000_000, part_models: int = 512, progress: bool = True,
-               files: list[Path] | None = None) -> IngestReport:
+               files: list[Path] | None = None, on_bad_value: str = "null") -> IngestReport:
     """Ingest every checkpoint under ``zoo_dir`` into ``catalog``; see the module docstring.
 
     Args:
         store: an optional graph store (graphstore.metadata); architecture metadata is written to
-            it after every committed part. A store failure is reported, never fatal.
+            it after every committed part, and at the end every model of this run that the store
+            lacks is written from Parquet. A store failure does not stop the Parquet work; it is
+            reported in ``report.store_warning`` (``report.graph_behind``).
         shard: (i, n) ingests only the checkpoints whose file name hashes to shard i of n.
         files: ingest these checkpoints of ``zoo_dir`` only (default: every checkpoint under it).
+        on_bad_value: ``"null"`` records a value that does not fit its column as null, with a
+            warning; ``"refuse"`` raises ZooGraphError before anything is written.
+
+    Raises ZooGraphError for a missing or empty zoo folder, an unreadable metrics.csv, or (with
+    ``on_bad_value="refuse"``) a bad value, always before anything is written.
     """
     zoo_dir = Path(zoo_dir)
-    if not zoo_dir.is_dir():
-        raise ZooGraphError(f"zoo folder {zoo_dir} does not exist")
+    all_files = zoo_checkpoints(zoo_dir, files)
+    files = [p for p in all_files if shard_of(p, shard[1]) == shard[0]]
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
-    catalog.clean_incomplete()
     zoo = zoo_name or zoo_dir.resolve().name
-    started = time.perf_counter()
     report = IngestReport(zoo, catalog.root)
+    meta: ZooMetadata = zoo_metadata(zoo_dir, files, established_types(catalog), on_bad_value,
+                                     zoo_files=all_files if files is not None and len(files) < len(all_files) else None)
+    report.warnings.extend(meta.warnings)
+    if not files:
+        report.warnings.append(f"shard {shard[0]}/{shard[1]} holds none of the {len(all_files)} checkpoints")
+    types = {name: d.type for name, d in meta.types.items()}
+    catalog.clean_incomplete()
+    started = time.perf_counter()
     con = duck.connect(catalog, ["models"])
     known = duck.model_ids(con)
     con.close()
-    meta = read_zoo_metadata(zoo_dir)
-    files = [p for p in (list_checkpoints(zoo_dir) if files is None else [Path(f) for f in files])
-             if shard_of(p, shard[1]) == shard[0]]
-    jobs = [(str(p), str(zoo_dir), meta.get(p.name)) for p in files]
+    jobs = [(str(p), str(zoo_dir), meta.raw.get(str(p))) for p in files]
     pending: list[ModelRecord] = []
     pending_errors: list[ErrorRecord] = []
     pending_edges = 0
+
+    def write_graph(tables: dict[str, pa.Table]) -> None:
+        if store is None or report.store_warning is not None:
+            return
+        try:
+            store.write_models(tables["models"].to_pylist(), tables["architectures"].to_pylist(),
+                               tables["layers"].to_pylist())
+        except Exception as exc:  # the graph is rebuildable from Parquet: report, finish the Parquet work
+            report.store_warning = _first_line(exc)
 
     def flush() -> None:
         nonlocal pending, pending_errors, pending_edges
         if not pending and not pending_errors:
             return
-        tables = tables_for(pending, zoo) if pending else {}
+        tables = tables_for(pending, zoo, types) if pending else {}
         if pending_errors:
             tables["ingest_errors"] = error_table(pending_errors, zoo)
         catalog.commit_part(tables, catalog.new_part_id(f"{shard[0]}of{shard[1]}"))
         report.parts += 1
-        if store is not None and pending and report.store_warning is None:
-            try:
-                store.write_models(tables["models"].to_pylist(), tables["architectures"].to_pylist(),
-                                   tables["layers"].to_pylist())
-            except Exception as exc:  # the graph is rebuildable from Parquet: warn and go on
-                report.store_warning = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if pending:
+            write_graph(tables)
         pending, pending_errors, pending_edges = [], [], 0
 
     bar = tqdm(total=len(jobs), desc=f"ingest {zoo}", unit="model", disable=not progress)
-    for result in _results(jobs, workers):
+    for job, result in zip(jobs, _results(jobs, workers)):     # results come in job order
         report.seen += 1
         bar.update(1)
         if isinstance(result, ErrorRecord):
             report.errors.append(result)
             pending_errors.append(result)
             continue
+        report.model_ids.append(result.model_id)
         if result.model_id in known:
             report.duplicates += 1
             continue
         known.add(result.model_id)
+        result.columns = meta.columns.get(job[0], {})
         pending.append(result)
         report.added += 1
         pending_edges += result.graph.num_edges
@@ -335,5 +353,17 @@ def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *
             flush()
     flush()
     bar.close()
+    if store is not None and report.model_ids:
+        from graphstore.sync import reconcile_models
+
+        try:      # models committed to Parquet whose graph write was lost (a crash, a held lock) are written now
+            report.graph_repaired = reconcile_models(catalog, store, report.model_ids)
+            report.store_warning = None
+        except Exception as exc:
+            report.store_warning = report.store_warning or _first_line(exc)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -13,6 +13,7 @@ query parameters; the only names put into query text are property names, which m
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -116,8 +117,9 @@ class MetadataStore(ABC):
 
     backend: str = "?"
 
-    def __init__(self):
+    def __init__(self, read_only: bool = False):
         self._model_props: dict[str, str] = {}
+        self.read_only = read_only
 
     # -------------------------------------------------------------- public API
     def write_models(self, models: Sequence[dict], architectures: Sequence[dict], layers: Sequence[dict]) -> None:
@@ -164,10 +166,17 @@ class MetadataStore(ABC):
         self._merge("similar", [{"a": a, "b": b, "score": float(s), "run_id": run_id} for a, b, s in pairs])
 
     def run(self, query: str, params: dict[str, Any] | None = None) -> QueryResult:
-        """Run a Cypher query with parameters; errors become StoreError with the database's message."""
+        """Run a Cypher query with parameters; errors become StoreError with the database's message.
+        On a read-only store, anything but one read-only statement raises CypherRefused."""
+        if self.read_only:
+            from graphstore.metadata.read_only import check_read_only
+
+            check_read_only(query)
         return self._run(query, params or {})
 
     def ensure_schema(self) -> None:
+        if self.read_only:
+            raise StoreError(f"{self.describe()} was opened read-only")
         if not getattr(self, "_schema_ready", False):
             self._ensure_schema()
             self._schema_ready = True
@@ -176,6 +185,21 @@ class MetadataStore(ABC):
     def clear(self) -> None:
         """Delete every node and relationship (schema kept)."""
         self._clear()
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """Everything written inside is committed together when the block ends, or not at all
+        when it raises: the store keeps what it held before."""
+        self.ensure_schema()
+        self._begin()
+        try:
+            yield self
+        except BaseException:
+            self._rollback()
+            self._schema_ready = False          # property types added inside are undone too
+            self._model_props = {}
+            raise
+        self._commit()
 
     # -------------------------------------------------------------- merging (shared)
     _MERGES = {"zoos": (Q.MERGE_ZOOS,), "datasets": (Q.MERGE_DATASETS,),
@@ -224,6 +248,15 @@ class MetadataStore(ABC):
 
     @abstractmethod
     def _clear(self) -> None: ...
+
+    @abstractmethod
+    def _begin(self) -> None: ...
+
+    @abstractmethod
+    def _commit(self) -> None: ...
+
+    @abstractmethod
+    def _rollback(self) -> None: ...
 
     @abstractmethod
     def close(self) -> None: ...

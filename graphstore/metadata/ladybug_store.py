@@ -35,14 +35,18 @@ def _plain(value: Any) -> Any:
 class LadybugStore(MetadataStore):
     backend = "ladybug"
 
-    def __init__(self, path: str | Path):
-        super().__init__()
+    def __init__(self, path: str | Path, read_only: bool = False):
+        super().__init__(read_only)
         import ladybug
 
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if read_only and not self.path.exists():
+            raise StoreError(f"no embedded graph store at {self.path} (`graphstore sync` builds it from the "
+                             "catalog)")
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = ladybug.Database(str(self.path))
+            self._db = ladybug.Database(str(self.path), read_only=read_only)
             self._conn = ladybug.Connection(self._db)
         except RuntimeError as exc:
             raise StoreError(f"cannot open the embedded graph store at {self.path}: {exc}") from exc
@@ -85,6 +89,23 @@ class LadybugStore(MetadataStore):
             self._execute(f"MATCH ()-[r:{rel}]->() DELETE r")
         for label in ("Zoo", "Dataset", "Model", "Architecture", "Layer"):
             self._execute(f"MATCH (n:{label}) DELETE n")
+
+    def _begin(self) -> None:
+        self._execute("BEGIN TRANSACTION")
+
+    def _commit(self) -> None:
+        self._execute("COMMIT")
+
+    def _rollback(self) -> None:
+        try:
+            self._execute("ROLLBACK")
+        except StoreError:          # the database may have rolled back already after a failed statement
+            pass
+        # the connection caches prepared statements by their text; ones prepared inside the
+        # transaction may name columns that the rollback removed
+        cache = getattr(self._conn, "_pybind_implicit_prepared_cache", None)
+        if cache is not None:
+            cache.clear()
 
     def close(self) -> None:
         conn, db = getattr(self, "_conn", None), getattr(self, "_db", None)

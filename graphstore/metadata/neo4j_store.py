@@ -35,12 +35,13 @@ logging.getLogger("neo4j.notifications").setLevel(logging.ERROR)
 class Neo4jStore(MetadataStore):
     backend = "neo4j"
 
-    def __init__(self, settings: Neo4jSettings, connect_timeout: float = 10.0):
-        super().__init__()
+    def __init__(self, settings: Neo4jSettings, connect_timeout: float = 10.0, read_only: bool = False):
+        super().__init__(read_only)
         import neo4j
         from neo4j import exceptions as nx
 
         self.settings = settings
+        self._tx = self._session = None
         auth = (settings.user or "neo4j", settings.password) if settings.password else None
         try:
             self._driver = neo4j.GraphDatabase.driver(settings.uri, auth=auth, connection_timeout=connect_timeout)
@@ -55,11 +56,18 @@ class Neo4jStore(MetadataStore):
         return f"neo4j:{self.settings.uri}"
 
     def _execute(self, query: str, params: dict[str, Any] | None = None) -> QueryResult:
+        import neo4j
         from neo4j import exceptions as nx
 
         try:
-            records, summary, keys = self._driver.execute_query(query, params or {},
-                                                                database_=self.settings.database)
+            if self._tx is not None:
+                result = self._tx.run(query, params or {})
+                records, keys = list(result), result.keys()
+                summary = result.consume()
+            else:
+                records, summary, keys = self._driver.execute_query(
+                    query, params or {}, database_=self.settings.database,
+                    routing_=neo4j.RoutingControl.READ if self.read_only else neo4j.RoutingControl.WRITE)
         except nx.Neo4jError as exc:
             raise StoreError(f"{exc.code}: {exc.message}") from exc
         except (nx.ServiceUnavailable, nx.SessionExpired) as exc:
@@ -83,6 +91,32 @@ class Neo4jStore(MetadataStore):
 
     def _clear(self) -> None:
         self._execute(Q.DELETE_ALL)
+
+    def _begin(self) -> None:
+        self._session = self._driver.session(database=self.settings.database)
+        self._tx = self._session.begin_transaction()
+
+    def _end(self, commit: bool) -> None:
+        from neo4j import exceptions as nx
+
+        tx, session, self._tx, self._session = self._tx, self._session, None, None
+        try:
+            tx.commit() if commit else tx.rollback()
+        except nx.Neo4jError as exc:
+            raise StoreError(f"{exc.code}: {exc.message}") from exc
+        except (nx.ServiceUnavailable, nx.SessionExpired) as exc:
+            raise StoreError(f"lost the connection to Neo4j at {self.settings.uri}: {exc}") from exc
+        finally:
+            session.close()
+
+    def _commit(self) -> None:
+        self._end(True)
+
+    def _rollback(self) -> None:
+        try:
+            self._end(False)
+        except StoreError:
+            pass
 
     def close(self) -> None:
         driver = getattr(self, "_driver", None)
