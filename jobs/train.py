@@ -312,15 +312,18 @@ def write_run(catalog: Catalog, run_id: str, cfg: TrainConfig | dict, sel: Selec
 
 def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Selection, stats: LayerStats,
                      mean: float, std: float, cfg: TrainConfig):
-    """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.pt`` state dict per member and ``metanet.json``."""
+    """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.pt`` state dict per member and ``metanet.json``,
+    committed as one folder (a crash leaves all of them or none)."""
     meta = {"model": models[0].cfg.to_dict(), "members": len(models), "stats": stats.to_dict(),
             "target_mean": mean, "target_std": std, "task": sel.task, "target": sel.target,
             "classes": sel.classes, "frame": list(sel.frame), "train": asdict(cfg)}
+    files = {}
     for k, model in enumerate(models):
         buf = io.BytesIO()
         torch.save({key: v.cpu() for key, v in model.state_dict().items()}, buf)
-        catalog.write_artifact(run_id, f"metanet-{k}.pt", buf.getvalue())
-    catalog.write_artifact(run_id, "metanet.json", json.dumps(meta, indent=1, default=str).encode())
+        files[f"metanet-{k}.pt"] = buf.getvalue()
+    files["metanet.json"] = json.dumps(meta, indent=1, default=str).encode()
+    catalog.commit_artifacts(run_id, files)
     return catalog.location("artifacts", run_id)
 
 
