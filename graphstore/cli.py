@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from pipeline.cli_common import (FORMATS, catalog_option, echo_err, format_rows, open_store_from_options,
-                                 parse_params, store_options, translate_errors)
+                                 parse_params, store_options, timeout_option, translate_errors)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -42,8 +42,9 @@ def sync(catalog, neo4j_uri, neo4j_user, neo4j_password, keep):
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @catalog_option
 @store_options
+@timeout_option
 @translate_errors
-def cypher(query, named, params, fmt, catalog, neo4j_uri, neo4j_user, neo4j_password):
+def cypher(query, named, params, fmt, catalog, neo4j_uri, neo4j_user, neo4j_password, timeout):
     """Run a Cypher QUERY with parameters and print the result.
 
     Example: graphstore cypher "MATCH (m:Model) WHERE m.test_accuracy > $t RETURN count(m)" --param t=0.9
@@ -58,6 +59,7 @@ def cypher(query, named, params, fmt, catalog, neo4j_uri, neo4j_user, neo4j_pass
     if not query:
         raise click.UsageError("give a QUERY or --named NAME")
     with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) as store:
+        store.query_timeout = timeout or None
         result = store.run(query, parse_params(params))
     for notice in result.notices:
         echo_err(f"notice: {notice}")

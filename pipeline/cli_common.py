@@ -17,8 +17,12 @@ from pipeline.errors import ZooGraphError
 FORMATS = ("table", "json", "csv")
 
 
+INTERRUPTED_EXIT = 130       # the shell's code for a command stopped by Ctrl-C (128 + SIGINT)
+
+
 def translate_errors(fn: Callable) -> Callable:
-    """Run a command body; a ZooGraphError becomes ``Error: <message>`` and exit code 1."""
+    """Run a command body; a ZooGraphError becomes ``Error: <message>`` and exit code 1, Ctrl-C
+    one line and exit code 130."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -26,8 +30,16 @@ def translate_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except ZooGraphError as exc:
             raise click.ClickException(str(exc)) from exc
+        except KeyboardInterrupt:
+            click.echo("\nInterrupted (Ctrl-C); nothing half-written is left visible in the catalog.", err=True)
+            raise click.exceptions.Exit(INTERRUPTED_EXIT)
 
     return wrapper
+
+
+def timeout_option(fn: Callable) -> Callable:
+    return click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+                        metavar="SECONDS", help="Stop the query after this many seconds (0: no limit).")(fn)
 
 
 def _cell(v: Any) -> str:

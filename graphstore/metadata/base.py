@@ -115,6 +115,7 @@ class MetadataStore(ABC):
     """A Cypher property-graph store of architecture metadata."""
 
     backend: str = "?"
+    query_timeout: float | None = None     # seconds a user's query (``run``) may take; None: no limit
 
     def __init__(self):
         self._model_props: dict[str, str] = {}
