@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli_common import (FORMATS, catalog_option, echo_err, format_rows, open_store_from_options,
-                                 parse_params, store_options, timeout_option, translate_errors)
+from pipeline.cli_common import (FORMATS, catalog_option, echo_err, existing_catalog, format_rows,
+                                 open_store_from_options, parse_params, store_options, timeout_option,
+                                 translate_errors)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -28,10 +29,10 @@ def main():
 def sync(catalog, neo4j_uri, neo4j_user, neo4j_password, keep):
     """Rebuild the graph store from the Parquet catalog (the source of truth)."""
     from graphstore.sync import sync_store
-    from pipeline.config import catalog_dir
 
+    root = existing_catalog(catalog)
     with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) as store:
-        click.echo(str(sync_store(catalog_dir(catalog), store, clear=not keep)))
+        click.echo(str(sync_store(root, store, clear=not keep)))
 
 
 @main.command()
@@ -58,7 +59,7 @@ def cypher(query, named, params, fmt, catalog, neo4j_uri, neo4j_user, neo4j_pass
         query = SUITE[named]
     if not query:
         raise click.UsageError("give a QUERY or --named NAME")
-    with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) as store:
+    with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password, must_exist=True) as store:
         store.query_timeout = timeout or None
         result = store.run(query, parse_params(params))
     for notice in result.notices:

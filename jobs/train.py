@@ -216,10 +216,16 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     ctx, device = init_from_env(cfg.device)
     progress = progress and ctx.is_main
     con = duck.connect(catalog)
-    sel = select_models(con, cfg.target, cfg.where, cfg.task, cfg.split_column)
+    sel = select_models(con, cfg.target, cfg.where, cfg.task, cfg.split_column, catalog=catalog)
     counts = {s: int(sel.mask(s).sum()) for s in ("train", "val", "test")}
     if counts["train"] < 2 or counts["test"] < 1:
         raise JobError(f"too few models to train and test: {counts}")
+    if sel.task == "classification":
+        seen = sorted({sel.classes[i] for i in sel.targets[sel.mask("train")] if i >= 0})
+        if len(seen) < 2:
+            raise JobError(f"the training split has a single class of {sel.target!r} ({', '.join(seen) or 'none'}): "
+                           "a classifier of one class scores perfectly without learning anything; select more "
+                           "models (--where) or another --target")
     stats = layer_stats(con, sel.ids("train"))
     if cfg.probes:
         check_probe_graph(sel.etypes)
@@ -363,7 +369,7 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     model = models[0]
     con = duck.connect(catalog)
     sel = select_models(con, meta["target"], where, meta["task"], classes=meta["classes"] or None,
-                        require_target=False)
+                        require_target=False, catalog=catalog)
     frame = tuple(meta["frame"])
     if sel.frame[0] > frame[0] or sel.frame[1] > frame[1]:
         raise JobError(f"these models have kernels up to {sel.frame}, the metanetwork was trained on {frame}")

@@ -88,11 +88,28 @@ def store_options(fn: Callable) -> Callable:
     return fn
 
 
-def open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password):
-    from graphstore.metadata import open_store
-    from pipeline.config import catalog_dir, neo4j_settings
+def existing_catalog(catalog):
+    """The --catalog of a command that reads it, refused with a clear message when there is no
+    catalog there (only `pipeline ingest` creates one: a mistyped path must not make a folder)."""
+    from graphstore.catalog import Catalog
+    from pipeline.config import catalog_dir
 
-    return open_store(catalog_dir(catalog), neo4j_settings(neo4j_uri, neo4j_user, neo4j_password))
+    root = catalog_dir(catalog)
+    Catalog(root).require()
+    return root
+
+
+def open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password, must_exist: bool = False):
+    """The graph store the options name; with ``must_exist``, the embedded store of a catalog that
+    is not there is refused instead of created."""
+    from graphstore.catalog import Catalog
+    from graphstore.metadata import EMBEDDED_NAME, open_store
+    from pipeline.config import catalog_dir, embedded_store_dir, neo4j_settings
+
+    root, settings = catalog_dir(catalog), neo4j_settings(neo4j_uri, neo4j_user, neo4j_password)
+    if must_exist and settings is None and not (embedded_store_dir(root) / EMBEDDED_NAME).exists():
+        Catalog(root).require()
+    return open_store(root, settings)
 
 
 @contextlib.contextmanager
