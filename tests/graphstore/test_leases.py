@@ -142,6 +142,43 @@ def test_a_killed_writers_folder_is_cleaned_by_the_next_ingest(tmp_path, zoos):
     assert _models(cat) == _names(first) | _names(second)
 
 
+# A training run's write-back (runs / predictions / embeddings), stopped inside its commit window.
+PAUSED_RESULTS = r"""
+import os, signal, sys
+import pyarrow as pa
+import graphstore.catalog as catalog
+from graphstore.schema import RUNS
+original = catalog.pq.write_table
+def write_table(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGSTOP)
+    catalog.pq.write_table = original
+    return original(*args, **kwargs)
+catalog.pq.write_table = write_table
+runs = pa.table({name: [None] for name in RUNS.names}, schema=RUNS).set_column(0, "run_id", pa.array(["run-x"]))
+print(catalog.Catalog(sys.argv[1]).commit_results("run-x", {"runs": runs}))
+"""
+
+
+def test_a_paused_training_write_back_survives_a_cleaner(tmp_path):
+    cat = Catalog(tmp_path / "cat")
+    writer = subprocess.Popen([sys.executable, "-c", PAUSED_RESULTS, str(cat.root)], env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_stopped(writer)
+        cleaner = subprocess.run([sys.executable, "-c", "import sys; from graphstore.catalog import Catalog; "
+                                  "print(Catalog(sys.argv[1]).clean_incomplete())", str(cat.root)],
+                                 env=_env(), capture_output=True, text=True, timeout=120)
+        assert cleaner.stdout.strip() == "0", cleaner.stderr
+    finally:
+        os.kill(writer.pid, signal.SIGCONT)
+    out, err = writer.communicate(timeout=60)
+    assert writer.returncode == 0, err
+    assert [Path(f).parent.name for f in cat.files("runs")] == [Path(out.strip()).name]
+    con = duck.connect(cat)
+    assert con.execute("SELECT run_id FROM runs").fetchall() == [("run-x",)]
+    con.close()
+
+
 def test_lock_not_pid_decides_on_a_local_catalog(tmp_path):
     stage = tmp_path / ".new-x"
     stage.mkdir()
