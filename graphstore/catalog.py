@@ -9,16 +9,19 @@ Layout::
       graph.lbug                        (the embedded graph store, rebuildable from Parquet)
 
 A part is written under ``_tmp-<part_id>`` and renamed into place when every file is complete, so
-a crash or kill at any moment leaves either the whole part or nothing visible; leftovers of an
-interrupted write are removed by ``Catalog.clean_incomplete``. Part ids carry a shard label and a
-random suffix, so several writers (shards, machines) never collide.
+a crash or kill at any moment leaves either the whole part or nothing visible; a run's artifacts
+are committed the same way, as one folder. Each temporary folder carries a lease
+(graphstore.lease: pid, host, start time, and a lock held while writing), and
+``Catalog.clean_incomplete`` removes only the leftovers whose writer is provably gone, never the
+folder of a writer still at work. Part ids carry a shard label and a random suffix, so several
+writers (shards, machines) never collide.
 
 A catalog can also live on object storage: a URL root such as ``s3://bucket/catalog`` is read and
 written through fsspec (``s3fs`` for ``s3://``; credentials and endpoint from the usual
 ``AWS_*`` environment variables), and DuckDB reads its Parquet through the same file system.
-Object stores have no directory rename, so there a part's files are written in place and a
-``_COMMITTED`` marker is written last; readers list only marked parts, so the visibility rule is
-the same: the whole part or nothing.
+Object stores have no directory rename, so there a part's files are written in place after its
+lease and a ``_COMMITTED`` marker is written last; readers list only marked parts, so the
+visibility rule is the same: the whole part or nothing.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from graphstore.lease import LEASE, LocalLease, local_abandoned, remote_abandoned, remote_lease_bytes
 from graphstore.schema import RESULT_RELATIONS
 from pipeline.config import is_url
 from pipeline.errors import CatalogError
@@ -102,44 +106,94 @@ class Catalog:
         return self
 
     def clean_incomplete(self) -> int:
-        """Remove folders of writes that never committed; returns how many. (On object storage an
-        unmarked part is invisible and left alone: its writer may still be running.)"""
-        if self.remote:
-            return 0
+        """Remove the temporary folders of writes whose writer is provably gone (graphstore.lease);
+        returns how many. Folders of live writers, even stopped or slow ones, are left alone."""
         n = 0
-        for base in (self.parts_dir, self.results_dir):
+        if self.remote:
+            for kind in ("parts", "results", "artifacts"):
+                for key in self._uncommitted(kind):
+                    if remote_abandoned(self.fs, key):
+                        self.fs.rm(key, recursive=True)
+                        n += 1
+            if n:
+                self.fs.invalidate_cache()
+            return n
+        for base in (self.parts_dir, self.results_dir, self.artifacts_dir):
             if base.is_dir():
-                for d in base.glob("_tmp-*"):
-                    shutil.rmtree(d, ignore_errors=True)
-                    n += 1
+                for d in [*base.glob("_tmp-*"), *base.glob(".new-*")]:
+                    if local_abandoned(d):
+                        shutil.rmtree(d, ignore_errors=True)
+                        n += 1
         return n
+
+    def _uncommitted(self, kind: str) -> list[str]:
+        """Folders of ``kind`` on object storage without a ``_COMMITTED`` marker. Artifacts written
+        before markers existed have none; only those with a lease are uncommitted writes."""
+        base = self._key(kind)
+        if not self.fs.exists(base):
+            return []
+        folders = [p for p in self.fs.ls(base, detail=True) if p["type"] == "directory"]
+        out = []
+        for f in folders:
+            names = {p.rsplit("/", 1)[-1] for p in self.fs.ls(f["name"], detail=False)}
+            if COMMITTED in names or (kind == "artifacts" and LEASE not in names):
+                continue
+            out.append(f["name"].rstrip("/"))
+        return out
 
     def new_part_id(self, shard: str = "0") -> str:
         return f"{now_utc():%Y%m%dT%H%M%S}-s{shard}-{uuid.uuid4().hex[:8]}"
 
-    def _commit(self, kind: str, name: str, tables: dict[str, pa.Table]):
-        tables = {r: t for r, t in tables.items() if t is not None and t.num_rows}
+    def _commit_files(self, kind: str, name: str, write) -> object:
+        """Commit the folder ``kind/name`` at once: ``write(folder)`` fills a leased temporary folder
+        (a Path; on object storage the fsspec key of the final folder), which then becomes
+        visible as a whole: renamed into place, or marked ``_COMMITTED`` on object storage."""
         if self.remote:
-            for relation, table in tables.items():
-                with self.fs.open(self._key(kind, name, f"{relation}.parquet"), "wb") as fh:
-                    pq.write_table(table, fh, compression="zstd", row_group_size=ROW_GROUP_ROWS.get(relation, 65_536))
-            with self.fs.open(self._key(kind, name, COMMITTED), "wb") as fh:     # last: publishes the part
-                fh.write(b"")
+            key = self._key(kind, name)
+            self.fs.pipe_file(f"{key}/{LEASE}", remote_lease_bytes())      # first: marks the writer
+            write(key)
+            self.fs.pipe_file(f"{key}/{COMMITTED}", b"")                    # last: publishes the folder
             self.fs.invalidate_cache()
             return self.location(kind, name)
         base = self.location(kind)
         base.mkdir(parents=True, exist_ok=True)
-        tmp = base / f"_tmp-{name}"
-        tmp.mkdir()
-        for relation, table in tables.items():
-            pq.write_table(table, tmp / f"{relation}.parquet", compression="zstd",
-                           row_group_size=ROW_GROUP_ROWS.get(relation, 65_536))
-        for f in tmp.iterdir():           # make the files durable before the rename publishes them
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
         final = base / name
-        os.rename(tmp, final)
+        if final.exists():
+            raise CatalogError(f"{final} already exists: a catalog folder is written once")
+        stage, tmp = base / f".new-{name}", base / f"_tmp-{name}"
+        stage.mkdir()
+        lease = LocalLease.take(stage)      # every _tmp-* folder of a live writer has its lease
+        committed = False
+        try:
+            os.rename(stage, tmp)
+            write(tmp)
+            for f in tmp.iterdir():       # make the files durable before the rename publishes them
+                if f.name != LEASE:
+                    with open(f, "rb") as fh:
+                        os.fsync(fh.fileno())
+            os.rename(tmp, final)
+            committed = True
+            _fsync_dir(base)
+        finally:
+            lease.release(final if committed else None)
+            if not committed:
+                for d in (stage, tmp):
+                    shutil.rmtree(d, ignore_errors=True)
         return final
+
+    def _commit(self, kind: str, name: str, tables: dict[str, pa.Table]):
+        tables = {r: t for r, t in tables.items() if t is not None and t.num_rows}
+
+        def write(folder):
+            for relation, table in tables.items():
+                opts = dict(compression="zstd", row_group_size=ROW_GROUP_ROWS.get(relation, 65_536))
+                if self.remote:
+                    with self.fs.open(f"{folder}/{relation}.parquet", "wb") as fh:
+                        pq.write_table(table, fh, **opts)
+                else:
+                    pq.write_table(table, folder / f"{relation}.parquet", **opts)
+
+        return self._commit_files(kind, name, write)
 
     def commit_part(self, tables: dict[str, pa.Table], part_id: str | None = None):
         """Write one part (any subset of the ingest relations) atomically."""
@@ -161,20 +215,58 @@ class Catalog:
             return []
         return sorted(p for p in base.glob(f"*/{relation}.parquet") if not p.parent.name.startswith("_tmp-"))
 
+    def commit_artifacts(self, run_id: str, files: dict[str, bytes]):
+        """All files of a run's artifacts (``artifacts/RUN_ID/``), committed at once: a crash leaves
+        either every file or no folder (and a temporary one that ``clean_incomplete`` removes)."""
+
+        def write(folder):
+            for name, data in files.items():
+                if self.remote:
+                    self.fs.pipe_file(f"{folder}/{name}", data)
+                else:
+                    (folder / name).write_bytes(data)
+
+        return self._commit_files("artifacts", run_id, write)
+
     def write_artifact(self, run_id: str, name: str, data: bytes) -> None:
-        """One file of a run's trained metanetwork under ``artifacts/RUN_ID/``."""
+        """One file of a run's artifacts under ``artifacts/RUN_ID/``, replaced atomically (written
+        under a temporary name, then renamed over the old one)."""
         if self.remote:
-            with self.fs.open(self._key("artifacts", run_id, name), "wb") as fh:
-                fh.write(data)
+            self.fs.pipe_file(self._key("artifacts", run_id, name), data)   # an object PUT is atomic
             return
         folder = self.artifacts_dir / run_id
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(data)
+        tmp = folder / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, folder / name)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def read_artifact(self, run_id: str, name: str) -> bytes | None:
-        """A file of a run's artifacts, or None when it is not there."""
+        """A file of a run's artifacts, or None when it is not there (or not committed yet)."""
         if self.remote:
             key = self._key("artifacts", run_id, name)
+            if self.fs.exists(self._key("artifacts", run_id, LEASE)) and \
+                    not self.fs.exists(self._key("artifacts", run_id, COMMITTED)):
+                return None
             return self.fs.cat_file(key) if self.fs.exists(key) else None
         path = self.artifacts_dir / run_id / name
         return path.read_bytes() if path.exists() else None
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (where the platform allows opening a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli_common import (FORMATS, catalog_option, echo_err, format_rows, open_store_from_options,
-                                 parse_params, store_options, translate_errors)
+from pipeline.cli_common import (FORMATS, catalog_option, echo_err, existing_catalog, format_rows,
+                                 open_store_from_options, parse_params, store_options, timeout_option,
+                                 translate_errors)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -28,10 +29,10 @@ def main():
 def sync(catalog, neo4j_uri, neo4j_user, neo4j_password, keep):
     """Rebuild the graph store from the Parquet catalog (the source of truth)."""
     from graphstore.sync import sync_store
-    from pipeline.config import catalog_dir
 
+    root = existing_catalog(catalog)
     with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) as store:
-        click.echo(str(sync_store(catalog_dir(catalog), store, clear=not keep)))
+        click.echo(str(sync_store(root, store, clear=not keep)))
 
 
 @main.command()
@@ -46,15 +47,16 @@ def sync(catalog, neo4j_uri, neo4j_user, neo4j_password, keep):
                    "from Parquet by `graphstore sync`, which undoes such changes.")
 @catalog_option
 @store_options
+@timeout_option
 @translate_errors
-def cypher(query, named, params, fmt, write, catalog, neo4j_uri, neo4j_user, neo4j_password):
+def cypher(query, named, params, fmt, write, catalog, neo4j_uri, neo4j_user, neo4j_password, timeout):
     """Run a read-only Cypher QUERY with parameters and print the result.
 
     \b
     Read-only unless --write: the embedded store is opened read-only, Neo4j runs the query in a
     read transaction, and statements that write, read or write files (LOAD FROM, LOAD CSV, COPY),
     change settings, call procedures other than the schema ones, or hold several statements are
-    refused before they run.
+    refused before they run. Queries stop after --timeout seconds.
 
     Example: graphstore cypher "MATCH (m:Model) WHERE m.test_accuracy > $t RETURN count(m)" --param t=0.9
     """
@@ -71,7 +73,9 @@ def cypher(query, named, params, fmt, write, catalog, neo4j_uri, neo4j_user, neo
         from graphstore.metadata.read_only import check_read_only
 
         check_read_only(query)
-    with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password, read_only=not write) as store:
+    with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password, read_only=not write,
+                                 must_exist=True) as store:
+        store.query_timeout = timeout or None
         result = store.run(query, parse_params(params))
     for notice in result.notices:
         echo_err(f"notice: {notice}")

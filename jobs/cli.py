@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from pipeline.cli_common import (catalog_option, format_rows, open_store_from_options, optional_store,
-                                 store_options, translate_errors)
+from pipeline.cli_common import (catalog_option, existing_catalog, format_rows, open_store_from_options,
+                                 optional_store, store_options, translate_errors)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -88,8 +88,8 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batc
       torchrun --standalone --nproc-per-node 2 -m jobs.cli train-heterognn ...
     Each rank streams its own shard of the models; rank 0 writes the results."""
     from jobs.train import TrainConfig, train_heterognn
-    from pipeline.config import catalog_dir
 
+    root = existing_catalog(catalog)
     cfg = TrainConfig(target=target, where=where, task=task, split_column=split_column, epochs=epochs,
                       batch_size=batch_size, lr=lr, hidden=hidden, layers=layers, probes=probes, ensemble=ensemble,
                       patience=patience,
@@ -99,7 +99,7 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batc
                       model=metanet)
     main_rank = int(os.environ.get("RANK", "0")) == 0      # under torchrun, rank 0 writes and reports
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=main_rank) as (store, warning):
-        report = train_heterognn(catalog_dir(catalog), cfg, store=store)
+        report = train_heterognn(root, cfg, store=store)
     report.store_warning = report.store_warning or warning
     if main_rank:
         click.echo(report.summary())
@@ -117,10 +117,10 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batc
 def predict(catalog, run_id, where, device, neo4j_uri, neo4j_user, neo4j_password):
     """Apply a trained metanetwork to (newly ingested) models and write their predictions."""
     from jobs.train import predict as run_predict
-    from pipeline.config import catalog_dir
 
+    root = existing_catalog(catalog)
     with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) as store:
-        click.echo(run_predict(catalog_dir(catalog), run_id, where, device, store).summary())
+        click.echo(run_predict(root, run_id, where, device, store).summary())
 
 
 @main.command()
@@ -137,11 +137,11 @@ def retrieve(model_id, k, run_id, write_back, fmt, catalog, neo4j_uri, neo4j_use
     """The K models whose NG-GNN embeddings are most similar (cosine) to MODEL_ID, with their
     architecture, accuracy and similarity."""
     from jobs.analytics import retrieve as run_retrieve
-    from pipeline.config import catalog_dir
 
+    root = existing_catalog(catalog)
     store = open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) if write_back else None
     try:
-        res = run_retrieve(catalog_dir(catalog), model_id, k, run_id, store)
+        res = run_retrieve(root, model_id, k, run_id, store)
     finally:
         if store is not None:
             store.close()
@@ -198,14 +198,14 @@ def merge(model_a, model_b, method, alpha, run_id, points, no_reset_bn, out, ing
     test accuracy, test loss and the loss barrier of both parents, naive averaging and each
     alignment method."""
     from jobs.merge import MergeConfig, merge_models
-    from pipeline.config import catalog_dir
 
     if ingest and not out:
         raise click.UsageError("--ingest needs --out FILE")
+    root = existing_catalog(catalog)
     cfg = MergeConfig(method=method, alpha=alpha, run_id=run_id, points=points, reset_bn=not no_reset_bn,
                       device=device)
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=ingest) as (store, warning):
-        report = merge_models(catalog_dir(catalog), model_a, model_b, cfg, out=out, ingest=ingest, store=store)
+        report = merge_models(root, model_a, model_b, cfg, out=out, ingest=ingest, store=store)
     click.echo(report.summary())
     if warning:
         click.echo(f"graph store not updated: {warning} (run `graphstore sync` later)", err=True)

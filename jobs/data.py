@@ -17,9 +17,9 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from graphstore.graph_codec import ids_table, read_graphs, read_plans
-from graphstore.sql import check_readonly
+from graphstore.sql import run_readonly
 from pipeline.neural_graph.heterograph import CanonicalEtype, build_heterograph, reframe, with_reverses
-from pipeline.errors import JobError
+from pipeline.errors import JobError, QueryRefused, ZooGraphError
 from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS, NeuralGraph
 
 SPLITS = ("train", "val", "test")
@@ -56,14 +56,19 @@ def _columns(con) -> dict[str, str]:
 
 def select_models(con, target: str | None, where: str | None = None, task: str = "auto",
                   split_column: str | None = None, classes: Sequence[str] | None = None,
-                  require_target: bool = True) -> Selection:
+                  require_target: bool = True, catalog=None) -> Selection:
     """Models matching ``where`` (a SQL condition over ``models``), with target and split.
+
+    The ``where`` condition is the user's SQL: it runs under the sandbox of ``pipeline sql``
+    (graphstore.sql: read-only, nothing outside ``catalog`` readable, time and memory limits),
+    on a connection of its own; ``con`` (the job's connection) never sees it.
 
     Args:
         target: a models column; numeric -> regression, text/bool -> classification (``task=auto``).
         split_column: a column holding train/val/test; default: hash of model_id.
         classes: fixed class list (when applying a trained classifier); default: sorted values.
         require_target: drop models whose target is NULL (training); keep them (prediction).
+        catalog: the catalog of ``con``; needed with ``where``.
     """
     cols = _columns(con)
     if target is not None and target not in cols:
@@ -77,11 +82,7 @@ def select_models(con, target: str | None, where: str | None = None, task: str =
     ssel = f', "{split_column}" AS split' if split_column else ", NULL AS split"
     query = (f"SELECT model_id, architecture_id, kernel_h, kernel_w{tsel}{ssel} FROM models"
              + (" WHERE " + " AND ".join(conds) if conds else "") + " ORDER BY model_id")
-    check_readonly(query)
-    try:
-        rows = con.execute(query).fetchall()
-    except Exception as exc:
-        raise JobError(f"cannot select models with --where {where!r}: {exc}") from exc
+    rows = _run_where(catalog, query, where) if where else con.execute(query).fetchall()
     if not rows:
         raise JobError(f"no models match --where {where!r}" + (f" with {target} set" if target else ""))
     ids = [r[0] for r in rows]
@@ -97,6 +98,10 @@ def select_models(con, target: str | None, where: str | None = None, task: str =
         class_list = list(classes) if classes else sorted({lab for lab in labels if lab is not None})
         index = {c: i for i, c in enumerate(class_list)}
         targets = np.array([index.get(lab, -1) if lab is not None else -1 for lab in labels], dtype=np.int64)
+        if not classes and len(class_list) < 2:
+            raise JobError(f"{target!r} has {'a single class ' + repr(class_list[0]) if class_list else 'no values'} "
+                           f"among the {len(rows)} selected models: there is nothing to classify (widen --where, "
+                           "or choose a --target with at least two values)")
     if split_column:
         splits = np.array([str(r[5]) if r[5] is not None else hash_split(r[0]) for r in rows])
         bad = set(splits) - set(SPLITS)
@@ -108,6 +113,20 @@ def select_models(con, target: str | None, where: str | None = None, task: str =
     sel = Selection(ids, targets, splits, [r[1] for r in rows], task, target or "", class_list, frame)
     sel.etypes = edge_types(con, ids)
     return sel
+
+
+def _run_where(catalog, query: str, where: str) -> list[tuple]:
+    """The selection query with the user's condition, on a sandboxed connection."""
+    if catalog is None:
+        raise JobError("a --where condition runs sandboxed on the catalog: pass catalog= to select_models")
+    try:
+        table = run_readonly(catalog, query)
+    except QueryRefused as exc:
+        raise JobError(f"--where {where!r} is refused: {exc} (a condition may read the catalog's relations "
+                       "only, like `pipeline sql`)") from exc
+    except ZooGraphError as exc:
+        raise JobError(f"cannot select models with --where {where!r}: {exc}") from exc
+    return list(zip(*(col.to_pylist() for col in table.columns)))
 
 
 def _label(v) -> str:

@@ -227,10 +227,16 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     ctx, device = init_from_env(cfg.device)
     progress = progress and ctx.is_main
     con = duck.connect(catalog)
-    sel = select_models(con, cfg.target, cfg.where, cfg.task, cfg.split_column)
+    sel = select_models(con, cfg.target, cfg.where, cfg.task, cfg.split_column, catalog=catalog)
     counts = {s: int(sel.mask(s).sum()) for s in ("train", "val", "test")}
     if counts["train"] < 2 or counts["test"] < 1:
         raise JobError(f"too few models to train and test: {counts}")
+    if sel.task == "classification":
+        seen = sorted({sel.classes[i] for i in sel.targets[sel.mask("train")] if i >= 0})
+        if len(seen) < 2:
+            raise JobError(f"the training split has a single class of {sel.target!r} ({', '.join(seen) or 'none'}): "
+                           "a classifier of one class scores perfectly without learning anything; select more "
+                           "models (--where) or another --target")
     cfg.rescale_test = tuple(float(m) for m in (cfg.rescale_test or ()))
     if cfg.scale_augment and cfg.scale_augment <= 1 or any(m <= 1 for m in cfg.rescale_test):
         raise JobError("--scale-augment and --rescale-test take the largest factor MAX > 1 of U[1, MAX]")
@@ -418,15 +424,18 @@ def write_run(catalog: Catalog, run_id: str, cfg: TrainConfig | dict, sel: Selec
 
 def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Selection, stats: LayerStats,
                      mean: float, std: float, cfg: TrainConfig):
-    """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.pt`` state dict per member and ``metanet.json``."""
+    """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.pt`` state dict per member and ``metanet.json``,
+    committed as one folder (a crash leaves all of them or none)."""
     meta = {"model": models[0].cfg.to_dict(), "members": len(models), "stats": stats.to_dict(),
             "target_mean": mean, "target_std": std, "task": sel.task, "target": sel.target,
             "classes": sel.classes, "frame": list(sel.frame), "train": asdict(cfg)}
+    files = {}
     for k, model in enumerate(models):
         buf = io.BytesIO()
         torch.save({key: v.cpu() for key, v in model.state_dict().items()}, buf)
-        catalog.write_artifact(run_id, f"metanet-{k}.pt", buf.getvalue())
-    catalog.write_artifact(run_id, "metanet.json", json.dumps(meta, indent=1, default=str).encode())
+        files[f"metanet-{k}.pt"] = buf.getvalue()
+    files["metanet.json"] = json.dumps(meta, indent=1, default=str).encode()
+    catalog.commit_artifacts(run_id, files)
     return catalog.location("artifacts", run_id)
 
 
@@ -466,7 +475,7 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     model = models[0]
     con = duck.connect(catalog)
     sel = select_models(con, meta["target"], where, meta["task"], classes=meta["classes"] or None,
-                        require_target=False)
+                        require_target=False, catalog=catalog)
     frame = tuple(meta["frame"])
     if sel.frame[0] > frame[0] or sel.frame[1] > frame[1]:
         raise JobError(f"these models have kernels up to {sel.frame}, the metanetwork was trained on {frame}")

@@ -62,6 +62,30 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """The shapes of a state dict's tensors without reading their data: the ``.safetensors``
+    header, or a ``.pt`` zip archive mapped into memory (an old-style ``.pt`` is loaded: its size
+    is the file's own)."""
+    path = Path(path)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as fh:
+                return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+        try:
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{path}: cannot read state dict: {_first_line(exc)}") from exc
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: not a state dict of tensors")
+    return {k: tuple(v.shape) for k, v in state.items()}
+
+
 def sidecar_path(checkpoint: str | Path) -> Path:
     """``model.safetensors`` -> ``model.json``."""
     checkpoint = Path(checkpoint)

@@ -6,7 +6,7 @@ import sys
 import click
 
 from pipeline.cli_common import (FORMATS, catalog_option, echo_err, format_rows, optional_store, store_options,
-                                 translate_errors)
+                                 timeout_option, translate_errors)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -127,17 +127,22 @@ def convert(checkpoint, spec_file):
               help="Write the result to this file (required for --format parquet).")
 @click.option("--param", "params", multiple=True, metavar="VALUE",
               help="Positional parameter for ? placeholders, in order (repeatable).")
+@timeout_option
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="DuckDB memory limit for the query, e.g. 2GB or 10% (default: 25% of this machine's memory).")
 @translate_errors
-def sql(query, catalog, fmt, out, params):
+def sql(query, catalog, fmt, out, params, timeout, memory_limit):
     """Run a read-only SQL QUERY (DuckDB) over the catalog relations: models, architectures,
     layers, nodes, edges, ingest_errors, runs, predictions, embeddings. Statements that write,
-    attach, copy, install or load are refused."""
+    attach, copy, install or load are refused; files outside the catalog cannot be read. A query
+    is stopped after --timeout seconds and refused past --memory-limit; Ctrl-C stops it too."""
     from graphstore.sql import run_readonly
     from pipeline.config import catalog_dir
 
     if fmt == "parquet" and not out:
         raise click.BadParameter("--format parquet needs --out FILE", param_hint="--out")
-    table = run_readonly(catalog_dir(catalog), query, list(params) or None)
+    table = run_readonly(catalog_dir(catalog), query, list(params) or None, timeout=timeout,
+                         memory_limit=memory_limit)
     if fmt == "parquet":
         import pyarrow.parquet as pq
 

@@ -17,8 +17,12 @@ from pipeline.errors import ZooGraphError
 FORMATS = ("table", "json", "csv")
 
 
+INTERRUPTED_EXIT = 130       # the shell's code for a command stopped by Ctrl-C (128 + SIGINT)
+
+
 def translate_errors(fn: Callable) -> Callable:
-    """Run a command body; a ZooGraphError becomes ``Error: <message>`` and exit code 1."""
+    """Run a command body; a ZooGraphError becomes ``Error: <message>`` and exit code 1, Ctrl-C
+    one line and exit code 130."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -26,8 +30,16 @@ def translate_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except ZooGraphError as exc:
             raise click.ClickException(str(exc)) from exc
+        except KeyboardInterrupt:
+            click.echo("\nInterrupted (Ctrl-C); nothing half-written is left visible in the catalog.", err=True)
+            raise click.exceptions.Exit(INTERRUPTED_EXIT)
 
     return wrapper
+
+
+def timeout_option(fn: Callable) -> Callable:
+    return click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+                        metavar="SECONDS", help="Stop the query after this many seconds (0: no limit).")(fn)
 
 
 def _cell(v: Any) -> str:
@@ -76,12 +88,29 @@ def store_options(fn: Callable) -> Callable:
     return fn
 
 
-def open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password, read_only: bool = False):
-    from graphstore.metadata import open_store
-    from pipeline.config import catalog_dir, neo4j_settings
+def existing_catalog(catalog):
+    """The --catalog of a command that reads it, refused with a clear message when there is no
+    catalog there (only `pipeline ingest` creates one: a mistyped path must not make a folder)."""
+    from graphstore.catalog import Catalog
+    from pipeline.config import catalog_dir
 
-    return open_store(catalog_dir(catalog), neo4j_settings(neo4j_uri, neo4j_user, neo4j_password),
-                      read_only=read_only)
+    root = catalog_dir(catalog)
+    Catalog(root).require()
+    return root
+
+
+def open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password, read_only: bool = False,
+                            must_exist: bool = False):
+    """The graph store the options name (``read_only``: opened for reading only); with ``must_exist``,
+    the embedded store of a catalog that is not there is refused instead of created."""
+    from graphstore.catalog import Catalog
+    from graphstore.metadata import EMBEDDED_NAME, open_store
+    from pipeline.config import catalog_dir, embedded_store_dir, neo4j_settings
+
+    root, settings = catalog_dir(catalog), neo4j_settings(neo4j_uri, neo4j_user, neo4j_password)
+    if must_exist and settings is None and not (embedded_store_dir(root) / EMBEDDED_NAME).exists():
+        Catalog(root).require()
+    return open_store(root, settings, read_only=read_only)
 
 
 @contextlib.contextmanager

@@ -35,6 +35,10 @@ class QueryRefused(CatalogError):
     """A SQL statement that the read-only query surface does not allow."""
 
 
+class QueryTimeout(ZooGraphError):
+    """A user's query ran past its time limit and was stopped."""
+
+
 class StoreError(ZooGraphError):
     """The graph store (Neo4j or Ladybug) is unreachable or rejected a query."""
 

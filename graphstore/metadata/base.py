@@ -116,6 +116,7 @@ class MetadataStore(ABC):
     """A Cypher property-graph store of architecture metadata."""
 
     backend: str = "?"
+    query_timeout: float | None = None     # seconds a user's query (``run``) may take; None: no limit
 
     def __init__(self, read_only: bool = False):
         self._model_props: dict[str, str] = {}

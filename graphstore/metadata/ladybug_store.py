@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from graphstore.metadata.base import MetadataStore, QueryResult, check_property
-from pipeline.errors import StoreError
+from pipeline.errors import QueryTimeout, StoreError
 
 _DDL = [
     "CREATE NODE TABLE IF NOT EXISTS Zoo(name STRING PRIMARY KEY)",
@@ -76,7 +76,19 @@ class LadybugStore(MetadataStore):
         self._execute(query, {"rows": rows})
 
     def _run(self, query: str, params: dict[str, Any]) -> QueryResult:
-        result = self._execute(query, params)
+        timeout = self.query_timeout
+        if timeout:
+            self._conn.set_query_timeout(max(1, round(timeout * 1000)))
+        try:
+            result = self._execute(query, params)
+        except StoreError as exc:
+            if timeout and str(exc).strip() == "Interrupted.":
+                raise QueryTimeout(f"query stopped after {timeout:g} s (the time limit; raise it with "
+                                   "--timeout SECONDS, 0 for none)") from exc
+            raise
+        finally:
+            if timeout:
+                self._conn.set_query_timeout(0)
         if isinstance(result, list):
             result = result[-1]
         columns = result.get_column_names()

@@ -7,7 +7,7 @@ from typing import Any
 from graphstore.metadata import queries as Q
 from graphstore.metadata.base import MetadataStore, QueryResult
 from pipeline.config import Neo4jSettings
-from pipeline.errors import StoreError
+from pipeline.errors import QueryTimeout, StoreError
 
 _CONSTRAINTS = [
     "CREATE CONSTRAINT zoo_name IF NOT EXISTS FOR (n:Zoo) REQUIRE n.name IS UNIQUE",
@@ -55,7 +55,7 @@ class Neo4jStore(MetadataStore):
     def describe(self) -> str:
         return f"neo4j:{self.settings.uri}"
 
-    def _execute(self, query: str, params: dict[str, Any] | None = None) -> QueryResult:
+    def _execute(self, query: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> QueryResult:
         import neo4j
         from neo4j import exceptions as nx
 
@@ -66,9 +66,13 @@ class Neo4jStore(MetadataStore):
                 summary = result.consume()
             else:
                 records, summary, keys = self._driver.execute_query(
-                    query, params or {}, database_=self.settings.database,
+                    neo4j.Query(query, timeout=timeout) if timeout else query, params or {},
+                    database_=self.settings.database,
                     routing_=neo4j.RoutingControl.READ if self.read_only else neo4j.RoutingControl.WRITE)
         except nx.Neo4jError as exc:
+            if timeout and "TransactionTimedOut" in (exc.code or ""):
+                raise QueryTimeout(f"query stopped after {timeout:g} s (the time limit; raise it with "
+                                   "--timeout SECONDS, 0 for none)") from exc
             raise StoreError(f"{exc.code}: {exc.message}") from exc
         except (nx.ServiceUnavailable, nx.SessionExpired) as exc:
             raise StoreError(f"lost the connection to Neo4j at {self.settings.uri}: {exc}") from exc
@@ -87,7 +91,7 @@ class Neo4jStore(MetadataStore):
         self._execute(query, {"rows": rows})
 
     def _run(self, query: str, params: dict[str, Any]) -> QueryResult:
-        return self._execute(query, params)
+        return self._execute(query, params, self.query_timeout)
 
     def _clear(self) -> None:
         self._execute(Q.DELETE_ALL)

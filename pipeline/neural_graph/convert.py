@@ -13,6 +13,7 @@ from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan, plan_from_exported, plan_from_module
 from pipeline.neural_graph.spec_plan import plan_from_spec
 from pipeline.spec import build_module, example_input, spec_hash, validate_spec
+from pipeline.spec_check import check_spec_shapes
 
 
 @dataclass
@@ -61,9 +62,12 @@ class PlanCache:
         return self._plans[key]
 
 
-def convert_state_dict(state: dict[str, torch.Tensor], spec: dict, cache: PlanCache | None = None) -> Converted:
-    """Neural graph of a state dict whose architecture a JSON spec describes."""
+def convert_state_dict(state: dict[str, torch.Tensor], spec: dict, cache: PlanCache | None = None,
+                       source: str = "state dict") -> Converted:
+    """Neural graph of a state dict whose architecture a JSON spec describes (the spec's shapes are
+    checked against the tensors before its network is built)."""
     validate_spec(spec)
+    check_spec_shapes(spec, {k: tuple(v.shape) for k, v in state.items()}, source)
     plan = (cache or PlanCache()).for_spec(spec)
     extra = sorted(set(state) - set(plan.state_keys))
     if extra:
@@ -100,4 +104,6 @@ def convert_checkpoint(path: str | Path, spec: dict | None = None, cache: PlanCa
         if spec is None:
             raise SpecError(f"{path}: a state dict needs an architecture spec ('architecture' in "
                             f"{checkpoints.sidecar_path(path).name})")
-    return convert_state_dict(checkpoints.load_state_dict(path), spec, cache)
+    validate_spec(spec)
+    check_spec_shapes(spec, checkpoints.tensor_shapes(path), str(path))      # before loading or building
+    return convert_state_dict(checkpoints.load_state_dict(path), spec, cache, str(path))

@@ -11,7 +11,7 @@ from pipeline.neural_graph.graph import RELATIONS
 
 def test_per_layer_statistics_match_numpy_over_the_training_models(catalog_dir):
     con = duck.connect(catalog_dir)
-    sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
     train = sel.ids("train")
     stats = layer_stats(con, train)
     arrays = read_graphs(con, train)
@@ -38,7 +38,7 @@ def test_split_is_stable_and_roughly_70_15_15():
 
 def test_stream_gives_the_same_graphs_with_and_without_cache(catalog_dir):
     con = duck.connect(catalog_dir)
-    sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
     stats = layer_stats(con, sel.ids("train"))
     idx = list(range(len(sel.model_ids)))
     cached = GraphStream(con, sel, stats, chunk=8, workers=2)
