@@ -24,7 +24,7 @@ LATEST_PREDICTIONS = (  # per model and target, the NG-GNN prediction of the new
     "arg_max(CASE WHEN r.task = 'regression' THEN CAST(p.predicted AS VARCHAR) ELSE p.predicted_label END, "
     "r.created_at), arg_max(p.run_id, r.created_at), arg_max(r.task, r.created_at) "
     "FROM predictions p JOIN runs r USING (run_id) "
-    "WHERE p.method = 'ngnn' AND (p.predicted IS NOT NULL OR p.predicted_label IS NOT NULL) "
+    "WHERE p.method IN ('ngnn', 'ngt') AND (p.predicted IS NOT NULL OR p.predicted_label IS NOT NULL) "
     "GROUP BY p.target, p.model_id ORDER BY p.target, p.model_id")
 
 

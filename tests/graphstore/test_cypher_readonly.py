@@ -84,7 +84,7 @@ def test_cypher_is_read_only_on_ladybug(catalog_copy, tmp_path):
 
 def test_cypher_on_a_catalog_without_a_graph_store_says_so(tmp_path):
     res = _run(COUNT, "--catalog", str(tmp_path / "no-such-catalog"))
-    assert res.exit_code == 1 and "no embedded graph store" in res.output and "graphstore sync" in res.output
+    assert res.exit_code == 1 and "no catalog at" in res.output and "pipeline ingest" in res.output
     assert not (tmp_path / "no-such-catalog").exists()
 
 

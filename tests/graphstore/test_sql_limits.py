@@ -28,6 +28,8 @@ def small_catalog(tmp_path_factory):
     base = tmp_path_factory.mktemp("limits")
     make_zoo("mlp", base / "zoo", n=2, seed=3, workers=1, progress=False)
     assert ingest_zoo(base / "zoo", base / "catalog", progress=False).added == 2
+    synced = CliRunner().invoke(graphstore_cli, ["sync", "--catalog", str(base / "catalog")], env={"NEO4J_URI": ""})
+    assert synced.exit_code == 0, synced.output                        # the embedded store the Cypher tests read
     return base / "catalog"
 
 

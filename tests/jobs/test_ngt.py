@@ -20,7 +20,7 @@ FAST = dict(epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience
 @pytest.mark.parametrize("zoo,seed", [("cnn", 0), ("cnn", 1), ("mlp", 2)])
 def test_predictions_are_invariant_and_node_embeddings_equivariant(catalog_dir, zoo, seed):
     con = duck.connect(catalog_dir)
-    sel = select_models(con, "test_accuracy", f"zoo = '{zoo}'")
+    sel = select_models(con, "test_accuracy", f"zoo = '{zoo}'", catalog=catalog_dir)
     stats = layer_stats(con, sel.ids("train"))
     torch.manual_seed(seed)
     model = build_metanetwork(NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=3,
@@ -46,7 +46,7 @@ def test_ngt_gradients_reach_every_layer(catalog_dir):
     import dgl
 
     con = duck.connect(catalog_dir)
-    sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
     stats = layer_stats(con, sel.ids("train"))
     model = NGT(NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=1, hidden=16,
                             edge_hidden=8, layers=2, kind="ngt"))

@@ -45,6 +45,12 @@ def test_ingest_still_creates_its_catalog(tmp_path, mlp_zoo):
         shutil.copy(p.with_suffix(".json"), zoo / p.with_suffix(".json").name)
     res = CliRunner().invoke(pipeline_cli, ["ingest", str(zoo), "--catalog", str(tmp_path / "new"), "--no-graph"])
     assert res.exit_code == 0 and "2 new models" in res.output, res.output
+    # the graph store was not built (--no-graph): cypher says how to build it rather than creating an empty one
+    nograph = CliRunner().invoke(graphstore_cli, ["cypher", "RETURN 1 AS one", "--catalog", str(tmp_path / "new")],
+                                 env={"NEO4J_URI": ""})
+    assert nograph.exit_code != 0 and "graphstore sync" in nograph.output, nograph.output
+    synced = CliRunner().invoke(graphstore_cli, ["sync", "--catalog", str(tmp_path / "new")], env={"NEO4J_URI": ""})
+    assert synced.exit_code == 0, synced.output
     ok = CliRunner().invoke(graphstore_cli, ["cypher", "RETURN 1 AS one", "--catalog", str(tmp_path / "new")],
                             env={"NEO4J_URI": ""})
     assert ok.exit_code == 0, ok.output

@@ -14,7 +14,7 @@ FAST = dict(epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience
 
 def test_statistics_of_graphs_are_the_catalogs(catalog_dir):
     con = duck.connect(catalog_dir)
-    sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
     ids = sel.ids("train")
     graphs = read_graphs(con, ids)
     a, b = layer_stats(con, ids), layer_stats_of_graphs(graphs)
@@ -25,7 +25,7 @@ def test_statistics_of_graphs_are_the_catalogs(catalog_dir):
 
 def test_augmented_stream_serves_a_new_rescaling_each_time_and_repeats_with_its_seed(catalog_dir):
     con = duck.connect(catalog_dir)
-    sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
     stats = layer_stats(con, sel.ids("train"))
     clean = GraphStream(con, sel, stats)
     aug = [GraphStream(con, sel, stats, augment=rescaler(100.0), seed=3) for _ in range(2)]
@@ -112,7 +112,7 @@ def test_the_quasi_layer_keeps_permutation_symmetry_and_stays_near_the_identity(
     from pipeline.neural_graph.symmetry import random_hidden_permutation
 
     con = duck.connect(catalog_dir)
-    sel = select_models(con, "test_accuracy", "zoo = 'cnn'")
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
     stats = layer_stats(con, sel.ids("train"))
     torch.manual_seed(0)
     model = NGGNN(NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=1, hidden=16,
