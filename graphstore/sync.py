@@ -19,6 +19,9 @@ LATEST_PREDICTIONS = (  # per model and target, the NG-GNN prediction of the new
     "GROUP BY p.target, p.model_id ORDER BY p.target, p.model_id")
 
 
+LATEST_LAYER_EQUIVARIANCE = (  # per model, transform and layer, the error of the newest analysis
+    "SELECT transform, model_id, layer, arg_max(error, created_at), arg_max(analysis_id, created_at) "
+    "FROM layer_equivariance GROUP BY ALL ORDER BY transform, model_id, layer")
 SIMILAR_EDGES = "SELECT query_id, neighbour_id, score, run_id FROM similarities ORDER BY run_id, query_id, rank"
 
 
@@ -28,10 +31,12 @@ class SyncReport:
     models: int
     architectures: int
     predictions: int
+    layer_equivariance: int = 0
 
     def __str__(self) -> str:
         return (f"synced {self.store}: {self.models} models, {self.architectures} architectures, "
-                f"{self.predictions} predictions")
+                f"{self.predictions} predictions"
+                + (f", {self.layer_equivariance} layer-equivariance errors" if self.layer_equivariance else ""))
 
 
 def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True, batch: int = 2000) -> SyncReport:
@@ -63,5 +68,11 @@ def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True,
         similar.setdefault(run_id, []).append((a, b, score))
     for run_id, pairs in similar.items():
         store.write_similar(pairs, run_id)
+    equivariance = con.execute(LATEST_LAYER_EQUIVARIANCE).fetchall()
+    by_analysis: dict[tuple[str, str], list] = {}
+    for transform, model_id, layer, error, analysis_id in equivariance:
+        by_analysis.setdefault((transform, analysis_id), []).append((model_id, layer, error))
+    for (transform, analysis_id), rows in by_analysis.items():
+        store.write_layer_equivariance(transform, rows, analysis_id)
     con.close()
-    return SyncReport(store.describe(), n_models, len(architectures), len(preds))
+    return SyncReport(store.describe(), n_models, len(architectures), len(preds), len(equivariance))

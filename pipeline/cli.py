@@ -27,7 +27,7 @@ def zoo():
 
 
 @zoo.command("make")
-@click.argument("kind", type=click.Choice(["cnn", "mlp", "inr"]))
+@click.argument("kind", type=click.Choice(["cnn", "mlp", "inr", "mlp-equivariant"]))
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--n", "n", type=click.IntRange(min=1), default=100, show_default=True, help="Number of models.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Zoo seed; the same seed gives the same zoo.")
@@ -40,8 +40,10 @@ def zoo():
 @translate_errors
 def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas):
     """Train a zoo of KIND (cnn: CNNs on digits; mlp: MLPs on four tabular datasets; inr: SIRENs
-    fitted to digit images) into OUT_DIR. Models already in OUT_DIR are kept, so an interrupted
-    run resumes."""
+    fitted to digit images; mlp-equivariant: depth-4 MLPs on flattened digits, autoencoders and
+    classifiers with tanh or GELU first, half of them trained with a soft mirror-lr equivariance
+    loss, in a grid of 8 cells repeated over seeds, for `jobs layer-equivariance`) into OUT_DIR.
+    Models already in OUT_DIR are kept, so an interrupted run resumes."""
     from pipeline.zoo.make import make_zoo
 
     click.echo(str(make_zoo(kind, out_dir, n, seed, fmt, workers, progress=True, replicas=replicas)))
@@ -121,7 +123,8 @@ def convert(checkpoint, spec_file):
 @translate_errors
 def sql(query, catalog, fmt, out, params):
     """Run a read-only SQL QUERY (DuckDB) over the catalog relations: models, architectures,
-    layers, nodes, edges, ingest_errors, runs, predictions, embeddings. Statements that write,
+    layers, nodes, edges, ingest_errors, runs, predictions, embeddings, similarities,
+    layer_equivariance. Statements that write,
     attach, copy, install or load are refused."""
     from graphstore.sql import run_readonly
     from pipeline.config import catalog_dir
