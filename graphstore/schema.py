@@ -132,6 +132,7 @@ LAYER_EQUIVARIANCE = pa.schema([       # jobs layer-equivariance: one row per mo
     ("activation", pa.string()),         # the layer's activation (null: linear output)
     ("samples", pa.int64()),             # noise inputs (half fit A, half measure the error)
     ("seed", pa.int64()),
+    ("noise_std", pa.float64()),         # noise inputs y ~ N(0, noise_std^2) per entry
     ("error", pa.float64()),             # median held-out |f(gy) - A f(y)| / |f(y)|
     ("identity_error", pa.float64()),    # the same with A = I
     ("signed_perm_distance", pa.float64()),   # min ||A - P||_F / sqrt(width) over signed permutations

@@ -197,12 +197,14 @@ def merge(model_a, model_b, method, alpha, run_id, points, no_reset_bn, out, ing
 @click.option("--samples", type=click.IntRange(min=4), default=100_000, show_default=True,
               help="Noise inputs per model: half fit A_i, the other half measure the error.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the noise inputs.")
+@click.option("--noise-std", type=float, default=1.0, show_default=True,
+              help="Noise inputs y have i.i.d. N(0, STD^2) entries.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @click.option("--summary-only", is_flag=True, help="Print only the summary, not one row per model and layer.")
 @store_options
 @translate_errors
-def layer_equivariance(catalog, where, transforms, samples, seed, fmt, summary_only, neo4j_uri, neo4j_user,
-                       neo4j_password):
+def layer_equivariance(catalog, where, transforms, samples, seed, noise_std, fmt, summary_only, neo4j_uri,
+                       neo4j_user, neo4j_password):
     """Which layers of the selected MLPs are equivariant to an input transform g, and to what.
 
     Per model and layer i (hidden layers after their activation, then the output): the linear map
@@ -221,7 +223,8 @@ def layer_equivariance(catalog, where, transforms, samples, seed, fmt, summary_o
     from pipeline.config import catalog_dir
 
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password) as (store, warning):
-        report = analyse_catalog(catalog_dir(catalog), where, transforms, samples, seed, store=store, progress=True)
+        report = analyse_catalog(catalog_dir(catalog), where, transforms, samples, seed, store=store, progress=True,
+                                 noise_std=noise_std)
     if not summary_only:
         click.echo(format_rows(*report.table(), fmt))
     click.echo(f"summary: median over models (analysis {report.analysis_id}, {samples} noise samples)")

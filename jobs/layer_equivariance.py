@@ -5,9 +5,9 @@ For a model f with layer outputs f_1 ... f_L (each hidden layer after its activa
 output) and an input transform g (``pipeline.zoo.transforms``: mirror-lr, mirror-ud,
 perm-input[:SEED]):
 
-1. Noise inputs y: ``samples`` i.i.d. Gaussian vectors whose every entry has the mean and standard
-   deviation of all digits pixels (one scalar each, so the law of y is invariant under every
-   permutation of the inputs: g y is distributed like y).
+1. Noise inputs y: ``samples`` vectors of i.i.d. N(0, noise_std^2) entries, standard normal by
+   default (``pipeline.zoo.transforms.noise``: a law invariant under every input permutation, so
+   g y is distributed like y, and large enough for the activations to be non-linear).
 2. For each layer i, the linear map A_i with ``A_i f_i(y) ~ f_i(g y)`` by least squares
    (``torch.linalg.lstsq`` in float64; the network also runs in float64), fitted on the first half
    of the samples.
@@ -31,9 +31,9 @@ error of each layer as ``equivariance_<transform>_f<i>`` (``graphstore sync`` re
 """
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -49,10 +49,8 @@ from jobs.catalog_models import load_model
 from jobs.data import select_models
 from pipeline.errors import JobError
 from pipeline.spec import build_module
-from pipeline.zoo.transforms import check_transform, transform_index
+from pipeline.zoo.transforms import NOISE_STD, check_transform, noise, transform_index
 
-# mean and standard deviation of all pixels of sklearn's digits / 16 (the zoo's input scale)
-NOISE_MEAN, NOISE_STD = 0.3042, 0.3805
 _MLP_LAYERS = {"linear", "activation", "dropout", "flatten"}
 
 
@@ -125,21 +123,18 @@ def nearest_permutation_distance(a: np.ndarray) -> float:
     return float(np.linalg.norm(a - p) / np.sqrt(len(a)))
 
 
-def noise(samples: int, size: int, seed: int = 0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return NOISE_MEAN + NOISE_STD * torch.randn(samples, size, generator=gen, dtype=torch.float64)
-
-
 def fit_layers(net: nn.Module, spec: dict, transform: str, samples: int = 100_000, seed: int = 0,
-               model_id: str = "?", batch: int = 50_000) -> list[LayerFit]:
+               model_id: str = "?", noise_std: float = NOISE_STD, batch: int = 50_000) -> list[LayerFit]:
     """Fit A_i for every layer of an MLP (see the module docstring); deterministic in ``seed``."""
+    if not noise_std > 0:
+        raise JobError("--noise-std must be positive")
     if samples < 4:
         raise JobError("--samples must be at least 4 (half fit, half held out)")
     stages = mlp_stages(spec, model_id)
     size = int(spec["input_shape"][0])
     index = torch.from_numpy(transform_index(transform, size))
     net = net.double().eval()
-    y = noise(samples, size, seed)
+    y = noise(samples, size, torch.Generator().manual_seed(seed), noise_std, torch.float64)
     with torch.no_grad():
         chunks = [(layer_outputs(net, spec, y[i:i + batch], model_id),
                    layer_outputs(net, spec, y[i:i + batch][:, index], model_id))
@@ -223,7 +218,8 @@ def _model_info(con, model_ids: Sequence[str]) -> dict[str, dict]:
 
 
 def analyse_catalog(catalog: Catalog | str, where: str | None, transforms: Sequence[str], samples: int = 100_000,
-                    seed: int = 0, store=None, progress: bool = False) -> EquivarianceReport:
+                    seed: int = 0, store=None, progress: bool = False,
+                    noise_std: float = NOISE_STD) -> EquivarianceReport:
     """Fit every layer of every selected MLP for each transform, write the ``layer_equivariance``
     rows (one atomic results commit) and, with ``store``, the newest errors as model properties."""
     catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
@@ -252,7 +248,7 @@ def analyse_catalog(catalog: Catalog | str, where: str | None, transforms: Seque
         net.load_state_dict(m.state_dict())
         meta = info.get(m.model_id, {})
         for t in transforms:
-            for fit in fit_layers(net, m.spec, t, samples, seed, m.model_id):
+            for fit in fit_layers(net, m.spec, t, samples, seed, m.model_id, noise_std):
                 rows.append({"model_id": m.model_id, "checkpoint": meta.get("checkpoint", m.checkpoint),
                              "model_activation": meta.get("activation"), "task": meta.get("task"),
                              "trained": meta.get("equivariance"), "transform": t, "fit": fit,
@@ -260,7 +256,8 @@ def analyse_catalog(catalog: Catalog | str, where: str | None, transforms: Seque
                                                              "identity_error", "signed_perm_distance",
                                                              "perm_distance")}})
     report = EquivarianceReport(analysis_id, list(transforms), samples, rows)
-    catalog.commit_results(analysis_id, {"layer_equivariance": results_table(analysis_id, samples, seed, rows)})
+    table = results_table(analysis_id, samples, seed, noise_std, rows)
+    catalog.commit_results(analysis_id, {"layer_equivariance": table})
     if store is not None:
         try:
             for t in transforms:
@@ -271,7 +268,7 @@ def analyse_catalog(catalog: Catalog | str, where: str | None, transforms: Seque
     return report
 
 
-def results_table(analysis_id: str, samples: int, seed: int, rows: Sequence[dict]) -> pa.Table:
+def results_table(analysis_id: str, samples: int, seed: int, noise_std: float, rows: Sequence[dict]) -> pa.Table:
     """The ``layer_equivariance`` rows of one analysis (schema graphstore.schema.LAYER_EQUIVARIANCE)."""
     created = now_utc()
 
@@ -283,6 +280,7 @@ def results_table(analysis_id: str, samples: int, seed: int, rows: Sequence[dict
         "transform": [r["transform"] for r in rows], "layer": [r["layer"] for r in rows],
         "width": [r["width"] for r in rows], "activation": [r["activation"] for r in rows],
         "samples": [samples] * len(rows), "seed": [seed] * len(rows),
+        "noise_std": [float(noise_std)] * len(rows),
         "error": [r["error"] for r in rows], "identity_error": [r["identity_error"] for r in rows],
         "signed_perm_distance": [r["signed_perm_distance"] for r in rows],
         "perm_distance": [r["perm_distance"] for r in rows],
@@ -293,5 +291,23 @@ def results_table(analysis_id: str, samples: int, seed: int, rows: Sequence[dict
     return pa.table(cols, schema=LAYER_EQUIVARIANCE)
 
 
-def config_json(where: str | None, transforms: Sequence[str], samples: int, seed: int) -> str:
-    return json.dumps({"where": where, "transforms": list(transforms), "samples": samples, "seed": seed})
+def small_equivariance_catalog(workdir, n: int = 8, transforms: Sequence[str] = ("mirror-lr", "mirror-ud"),
+                               samples: int = 10_000, seed: int = 0, workers: int = 2) -> Path:
+    """A small mlp-equivariant zoo made on the spot, ingested (with the embedded graph store) and
+    analysed for ``transforms`` (the notebook's data); reused when ``workdir`` already holds it."""
+    from graphstore.metadata import open_store
+    from pipeline.ingest import ingest_zoo
+    from pipeline.zoo.make import make_zoo
+
+    workdir = Path(workdir)
+    catalog = Catalog(workdir / "catalog-mlp-equivariant")
+    marker = workdir / "layer-equivariance.txt"
+    if marker.exists() and catalog.exists():
+        return catalog.root
+    make_zoo("mlp-equivariant", workdir / "zoo-mlp-equivariant", n=n, seed=seed, workers=workers, progress=False)
+    with open_store(catalog.root, use_env=False) as store:
+        ingest_zoo(workdir / "zoo-mlp-equivariant", catalog, store=store, zoo_name="mlp-equivariant",
+                   progress=False)
+        report = analyse_catalog(catalog, None, transforms, samples, seed, store=store)
+    marker.write_text(report.analysis_id)
+    return catalog.root

@@ -17,6 +17,18 @@ its image is mirrored, so logits should not: invariance, the only action on logi
 choice of a class permutation). Both branches get gradients. The first half is plain task training,
 as in the paper, so the network first learns the task and then becomes equivariant.
 
+Choices that make the end-to-end equivariance hold where the layerwise analysis looks (noise
+inputs, ``pipeline.zoo.transforms.noise``), found by measuring on this zoo:
+
+- x in the equivariance term is each training batch *and* as many standard-normal noise inputs:
+  the digits fill only part of R^64 (border pixels are always 0), and a loss on images alone leaves
+  the weights on the other directions at their random initialisation.
+- AdamW with weight decay 1.0 (lr ~1e-3, 200 epochs, batch 32): neurons and weights the task does
+  not need decay instead of staying random, which would break equivariance without any cost in
+  the loss.
+- lambda 10 for autoencoders, 1 for classifiers (at 10 the invariance on noise wins over the
+  cross-entropy and classifiers collapse to near-constant logits).
+
 Metrics: test loss (MSE or cross-entropy), accuracies for classifiers, and ``equivariance_error``:
 the median over test images of ``|f(g x) - rho(g) f(x)| / |f(x)|`` for mirror-lr, the end-to-end
 error the layerwise analysis (``jobs layer-equivariance``) starts from. Models trained without the
@@ -30,12 +42,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.zoo.transforms import transform_index
+from pipeline.zoo.transforms import noise, transform_index
 
 WIDTH = 64
-TRAINING = {"width": WIDTH, "epochs": 60, "batch_size": 64, "weight_decay": 0.0, "lambda": 10.0, "noise": True,
-            "schedule": "constant"}
-NOISE_MEAN, NOISE_STD = 0.3042, 0.3805      # of all digits pixels (/16): the analysis' noise law
+# the recipe every model shares (tests shorten epochs); see the module docstring for the choices
+TRAINING = {"width": WIDTH, "epochs": 200, "batch_size": 32, "weight_decay": 1.0,
+            "lambda": {"autoencoder": 10.0, "classifier": 1.0}}
 CELLS = [(act, task, eq) for eq in ("none", "mirror-lr") for task in ("autoencoder", "classifier")
          for act in ("tanh", "gelu")]
 
@@ -72,7 +84,7 @@ def mlp_equivariant_recipe(rng: np.random.Generator, seed: int):
     spec = equivariant_spec(act, task)
     hp = {"optimizer": "adamw", "lr": float(10 ** rng.uniform(-3.2, -2.8)), "weight_decay": TRAINING["weight_decay"],
           "epochs": TRAINING["epochs"], "batch_size": TRAINING["batch_size"], "init": "kaiming"}
-    lam = 0.0 if eq == "none" else TRAINING["lambda"]
+    lam = 0.0 if eq == "none" else TRAINING["lambda"][task]
     meta = {"dataset": "digits", "activation": act, "hidden_activation": "gelu", "task": task,
             "equivariance": eq, "equivariance_lambda": lam, "equivariance_from_epoch": hp["epochs"] // 2,
             "width": TRAINING["width"], "depth": 4, **hp}
@@ -85,8 +97,6 @@ def mlp_equivariant_recipe(rng: np.random.Generator, seed: int):
         loss_fn = (lambda o, x, y: ((o - x) ** 2).mean()) if task == "autoencoder" else \
             (lambda o, x, y: nn.functional.cross_entropy(o, y))
         opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], weight_decay=hp["weight_decay"])
-        steps = hp["epochs"] * -(-len(xtr) // hp["batch_size"])
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps) if TRAINING["schedule"] == "cosine" else None
         model.train()
         for epoch in range(hp["epochs"]):
             soft = lam > 0 and epoch >= meta["equivariance_from_epoch"]
@@ -97,9 +107,7 @@ def mlp_equivariant_recipe(rng: np.random.Generator, seed: int):
                 opt.zero_grad()
                 if soft:
                     n = len(xb)
-                    xs = xb
-                    if TRAINING["noise"]:
-                        xs = torch.cat([xb, NOISE_MEAN + NOISE_STD * torch.randn(xb.shape, generator=gen)])
+                    xs = torch.cat([xb, noise(n, xb.shape[1], gen)])
                     out, out_g = model(torch.cat([xs, xs[:, index]])).chunk(2)
                     target = out[:, index] if task == "autoencoder" else out
                     loss = loss_fn(out[:n], xb, ytr[idx]) + lam * ((out_g - target) ** 2).mean()
@@ -107,8 +115,6 @@ def mlp_equivariant_recipe(rng: np.random.Generator, seed: int):
                     loss = loss_fn(model(xb), xb, ytr[idx])
                 loss.backward()
                 opt.step()
-                if sched is not None:
-                    sched.step()
         model.eval()
         with torch.no_grad():
             out = model(xte)

@@ -11,10 +11,22 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from pipeline.errors import ZooGraphError
 
 TRANSFORMS = ("mirror-lr", "mirror-ud", "perm-input")
+NOISE_STD = 1.0
+
+
+def noise(samples: int, size: int, generator: torch.Generator, std: float = NOISE_STD,
+          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Noise inputs: i.i.d. N(0, std^2) entries, a law invariant under every permutation of the
+    inputs (g y is distributed like y). Standard normal by default: on the digits' [0, 1] pixel
+    scale it drives tanh and GELU into their non-linear range, where a layer's equivariance is
+    identifiable (near 0 both are close to linear, and a linear layer W is 'equivariant' with
+    A = W Q W^+ for any invertible W)."""
+    return std * torch.randn(samples, size, generator=generator, dtype=dtype)
 
 
 def check_transform(name: str) -> str:
@@ -41,7 +53,3 @@ def transform_index(name: str, size: int) -> np.ndarray:
                             "flattened square image (8x8 digits have 64)")
     grid = np.arange(size).reshape(side, side)
     return (grid[:, ::-1] if base == "mirror-lr" else grid[::-1, :]).reshape(-1).copy()
-
-
-def is_involution(index: np.ndarray) -> bool:
-    return bool(np.array_equal(index[index], np.arange(len(index))))
