@@ -31,6 +31,7 @@ error of each layer as ``equivariance_<transform>_f<i>`` (``graphstore sync`` re
 """
 from __future__ import annotations
 
+import copy
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,7 +134,7 @@ def fit_layers(net: nn.Module, spec: dict, transform: str, samples: int = 100_00
     stages = mlp_stages(spec, model_id)
     size = int(spec["input_shape"][0])
     index = torch.from_numpy(transform_index(transform, size))
-    net = net.double().eval()
+    net = copy.deepcopy(net).double().eval()
     y = noise(samples, size, torch.Generator().manual_seed(seed), noise_std, torch.float64)
     with torch.no_grad():
         chunks = [(layer_outputs(net, spec, y[i:i + batch], model_id),
@@ -194,12 +195,12 @@ class EquivarianceReport:
             key = (r["model_activation"], r["task"], r["trained"], r["transform"], r["layer"])
             groups.setdefault(key, []).append(r)
         cols = ["activation", "task", "trained", "analysed", "layer", "models", "median_error",
-                "median_identity_error", "median_signed_perm_dist"]
+                "median_identity_error", "median_signed_perm_dist", "median_perm_dist"]
         out = []
         for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
             g = groups[key]
             out.append([*key, len(g), _median(g, "error"), _median(g, "identity_error"),
-                        _median(g, "signed_perm_distance")])
+                        _median(g, "signed_perm_distance"), _median(g, "perm_distance")])
         return cols, out
 
 
