@@ -137,6 +137,7 @@ LAYER_EQUIVARIANCE = pa.schema([       # jobs layer-equivariance: one row per mo
     ("identity_error", pa.float64()),    # the same with A = I
     ("signed_perm_distance", pa.float64()),   # min ||A - P||_F / sqrt(width) over signed permutations
     ("perm_distance", pa.float64()),          # ... over permutations
+    ("match_corr", pa.float64()),        # median |corr(f_pi(j)(gy), f_j(y))|, best signed neuron matching pi
     ("matrix", pa.list_(pa.float32())),  # A, row-major width x width
     ("signed_perm", pa.list_(pa.int32())),    # nearest signed permutation: column of each row ...
     ("signs", pa.list_(pa.int8())),           # ... and its sign

@@ -69,7 +69,7 @@ def test_exactly_equivariant_tanh_layer_is_found_with_its_signed_permutation():
     expected = np.zeros((64, 64))
     expected[np.arange(64), perm] = signs
     assert np.abs(fit.matrix - expected).max() < 1e-5
-    assert fit.signed_perm_distance < 1e-5
+    assert fit.signed_perm_distance < 1e-5 and fit.match_corr > 1 - 1e-9
     assert fit.perm_distance > 0.5                  # the negated neurons are no plain permutation
     roles = neuron_roles(fit)
     assert {"mirror", "negation", "itself"} == set(roles) and "negated mirror" not in roles
@@ -92,7 +92,7 @@ def test_random_mlp_is_not_layerwise_equivariant():
     with torch.no_grad():
         net.layers[0].weight.normal_(0, 0.5)
     fits = fit_layers(net, spec, "mirror-lr", samples=4000)
-    assert fits[0].error > 0.1 and fits[0].signed_perm_distance > 0.3
+    assert fits[0].error > 0.1 and fits[0].signed_perm_distance > 0.3 and fits[0].match_corr < 0.9
     assert [f.layer for f in fits] == [1, 2, 3, 4] and fits[-1].activation is None
 
 
