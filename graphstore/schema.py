@@ -138,6 +138,7 @@ LAYER_EQUIVARIANCE = pa.schema([       # jobs layer-equivariance: one row per mo
     ("signed_perm_distance", pa.float64()),   # min ||A - P||_F / sqrt(width) over signed permutations
     ("perm_distance", pa.float64()),          # ... over permutations
     ("match_corr", pa.float64()),        # median |corr(f_pi(j)(gy), f_j(y))|, best signed neuron matching pi
+    ("match_negations", pa.int32()),     # neurons pi maps onto a negated neuron
     ("matrix", pa.list_(pa.float32())),  # A, row-major width x width
     ("signed_perm", pa.list_(pa.int32())),    # nearest signed permutation: column of each row ...
     ("signs", pa.list_(pa.int8())),           # ... and its sign

@@ -23,7 +23,8 @@ perm-input[:SEED]):
 5. ``match_corr``: least squares spreads A over neurons that are nearly collinear, so A can be far
    from a signed permutation while g still maps each neuron onto one other neuron up to sign; the
    median over neurons of |corr(f_pi(j)(g y), f_j(y))| under the best signed matching pi (Hungarian
-   on |corr|, held-out half) says whether it does (1: every neuron has a signed image).
+   on |corr|, held-out half) says whether it does (1: every neuron has a signed image);
+   ``match_negations`` counts the neurons it maps onto a negated neuron.
 
 The nearest signed permutation of A_1 says what each first-layer neuron is mapped to: itself
 (a mirror-symmetric filter), its negation (an antisymmetric filter: tanh is odd, so this is still
@@ -71,6 +72,7 @@ class LayerFit:
     signed_perm_distance: float
     perm_distance: float
     match_corr: float                # median |corr(f_pi(j)(gy), f_j(y))| over neurons, best signed matching
+    match_negations: int             # neurons that matching maps onto a negated neuron
     matrix: np.ndarray               # A (width x width)
     signed_perm: np.ndarray          # column of the nearest signed permutation in each row
     signs: np.ndarray                # its signs (+1 / -1)
@@ -159,22 +161,23 @@ def fit_layers(net: nn.Module, spec: dict, transform: str, samples: int = 100_00
         an = a.numpy()
         perm, signs, sdist = nearest_signed_permutation(an)
         fits.append(LayerFit(k + 1, an.shape[0], act, err, ident, sdist, nearest_permutation_distance(an),
-                             matched_correlation(ft.numpy(), fgt.numpy()), an, perm, signs))
+                             *matched_correlation(ft.numpy(), fgt.numpy()), an, perm, signs))
     return fits
 
 
-def matched_correlation(f: np.ndarray, fg: np.ndarray) -> float:
-    """Median over neurons j of |corr(f_pi(j)(g y), f_j(y))| for the signed matching pi that
-    maximises the sum (Hungarian on |corr|): near 1 when g moves every neuron onto one neuron, up
-    to sign, whatever least squares does with neurons that are nearly collinear. Constant neurons
-    count as 0."""
+def matched_correlation(f: np.ndarray, fg: np.ndarray) -> tuple[float, int]:
+    """(median over neurons j of |corr(f_pi(j)(g y), f_j(y))|, number of negative matches) for the
+    signed matching pi that maximises the summed |corr| (Hungarian): near 1 when g moves every
+    neuron onto one neuron, up to sign, whatever least squares does with neurons that are nearly
+    collinear; negative matches are neurons mapped onto a negated neuron (tanh can, GELU cannot).
+    Constant neurons count as 0."""
     def z(x):
         sd = x.std(0)
         return np.where(sd > 1e-12, (x - x.mean(0)) / np.where(sd > 1e-12, sd, 1.0), 0.0)
 
     c = z(fg).T @ z(f) / len(f)
     rows, cols = linear_sum_assignment(-np.abs(c))
-    return float(np.median(np.abs(c[rows, cols])))
+    return float(np.median(np.abs(c[rows, cols]))), int((c[rows, cols] < 0).sum())
 
 
 def neuron_roles(fit: LayerFit) -> list[str]:
@@ -198,11 +201,12 @@ class EquivarianceReport:
     refused: list[str] = field(default_factory=list)
 
     TABLE = ("checkpoint", "activation", "task", "trained", "transform", "layer", "error", "identity_error",
-             "signed_perm_dist", "perm_dist", "match_corr")
+             "signed_perm_dist", "perm_dist", "match_corr", "match_neg")
 
     def table(self) -> tuple[list[str], list[list]]:
         rows = [[r["checkpoint"], r["model_activation"], r["task"], r["trained"], r["transform"], r["layer"],
-                 r["error"], r["identity_error"], r["signed_perm_distance"], r["perm_distance"], r["match_corr"]]
+                 r["error"], r["identity_error"], r["signed_perm_distance"], r["perm_distance"], r["match_corr"],
+                 r["match_negations"]]
                 for r in self.rows]
         return list(self.TABLE), rows
 
@@ -214,13 +218,14 @@ class EquivarianceReport:
             key = (r["model_activation"], r["task"], r["trained"], r["transform"], r["layer"])
             groups.setdefault(key, []).append(r)
         cols = ["activation", "task", "trained", "analysed", "layer", "models", "median_error",
-                "median_identity_error", "median_signed_perm_dist", "median_perm_dist", "median_match_corr"]
+                "median_identity_error", "median_signed_perm_dist", "median_perm_dist", "median_match_corr",
+                "median_match_neg"]
         out = []
         for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
             g = groups[key]
             out.append([*key, len(g), _median(g, "error"), _median(g, "identity_error"),
                         _median(g, "signed_perm_distance"), _median(g, "perm_distance"),
-                        _median(g, "match_corr")])
+                        _median(g, "match_corr"), _median(g, "match_negations")])
         return cols, out
 
 
@@ -275,7 +280,8 @@ def analyse_catalog(catalog: Catalog | str, where: str | None, transforms: Seque
                              "trained": meta.get("equivariance"), "transform": t, "fit": fit,
                              **{k: getattr(fit, k) for k in ("layer", "width", "activation", "error",
                                                              "identity_error", "signed_perm_distance",
-                                                             "perm_distance", "match_corr")}})
+                                                             "perm_distance", "match_corr",
+                                                             "match_negations")}})
     report = EquivarianceReport(analysis_id, list(transforms), samples, rows)
     table = results_table(analysis_id, samples, seed, noise_std, rows)
     catalog.commit_results(analysis_id, {"layer_equivariance": table})
@@ -305,6 +311,7 @@ def results_table(analysis_id: str, samples: int, seed: int, noise_std: float, r
         "error": [r["error"] for r in rows], "identity_error": [r["identity_error"] for r in rows],
         "signed_perm_distance": [r["signed_perm_distance"] for r in rows],
         "perm_distance": [r["perm_distance"] for r in rows], "match_corr": [r["match_corr"] for r in rows],
+        "match_negations": [r["match_negations"] for r in rows],
         "matrix": [matrix(r["fit"].matrix) for r in rows],
         "signed_perm": [r["fit"].signed_perm.astype(np.int32).tolist() for r in rows],
         "signs": [r["fit"].signs.astype(np.int8).tolist() for r in rows],

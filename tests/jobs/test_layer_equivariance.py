@@ -70,6 +70,7 @@ def test_exactly_equivariant_tanh_layer_is_found_with_its_signed_permutation():
     expected[np.arange(64), perm] = signs
     assert np.abs(fit.matrix - expected).max() < 1e-5
     assert fit.signed_perm_distance < 1e-5 and fit.match_corr > 1 - 1e-9
+    assert fit.match_negations == int((signs < 0).sum()) > 0
     assert fit.perm_distance > 0.5                  # the negated neurons are no plain permutation
     roles = neuron_roles(fit)
     assert {"mirror", "negation", "itself"} == set(roles) and "negated mirror" not in roles
@@ -81,6 +82,7 @@ def test_gelu_needs_a_plain_permutation():
     net, perm, _ = equivariant_first_layer("gelu", kinds=("pair", "symmetric"))
     fit = fit_layers(net, spec, "mirror-lr", samples=4000)[0]
     assert fit.error < 1e-6 and fit.perm_distance < 1e-5 and np.array_equal(fit.signed_perm, perm)
+    assert fit.match_negations == 0
     net, _, _ = equivariant_first_layer("gelu")
     assert fit_layers(net, spec, "mirror-lr", samples=4000)[0].error > 0.05
 
