@@ -207,3 +207,17 @@ def test_cli_end_to_end(tiny):
     bad = CliRunner().invoke(jobs_cli, ["layer-equivariance", "--catalog", catalog, "--where", "zoo = 'cnn'",
                                         "--transform", "mirror-lr", "--samples", "100"])
     assert bad.exit_code == 1 and "MLPs only" in bad.output
+
+
+def test_sync_shows_the_newest_errors_on_both_backends(tiny, store_factory):
+    catalog = tiny["catalog"]
+    report = analyse_catalog(catalog, "zoo = 'eq' AND activation = 'tanh'", ["perm-input:5"], samples=1000)
+    store = store_factory(catalog=tiny["root"] / f"store-{store_factory.backend}")
+    try:
+        sync_store(catalog, store)
+        res = store.run("MATCH (m:Model) WHERE m.equivariance_perm_input_5_f4 IS NOT NULL "
+                        "RETURN m.model_id, m.equivariance_perm_input_5_f4, m.equivariance_perm_input_5_f4_run")
+    finally:
+        store.close()
+    assert {r[0]: (r[1], r[2]) for r in res.rows} == {
+        r["model_id"]: (pytest.approx(r["error"]), report.analysis_id) for r in report.rows if r["layer"] == 4}
