@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import copy
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -198,7 +198,6 @@ class EquivarianceReport:
     samples: int
     rows: list[dict[str, Any]]                     # one per model, transform and layer
     store_warning: str | None = None
-    refused: list[str] = field(default_factory=list)
 
     TABLE = ("checkpoint", "activation", "task", "trained", "transform", "layer", "error", "identity_error",
              "signed_perm_dist", "perm_dist", "match_corr", "match_neg")
