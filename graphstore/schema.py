@@ -121,8 +121,31 @@ SIMILAR = pa.schema([
     ("score", pa.float64()),
 ])
 
+LAYER_EQUIVARIANCE = pa.schema([       # jobs layer-equivariance: one row per model, transform and layer
+    ("analysis_id", pa.string()),
+    ("model_id", pa.string()),
+    ("transform", pa.string()),          # mirror-lr | mirror-ud | perm-input[:SEED]
+    ("layer", pa.int32()),               # 1-based: f_1 = first hidden layer after its activation; last = output
+    ("width", pa.int32()),
+    ("activation", pa.string()),         # the layer's activation (null: linear output)
+    ("samples", pa.int64()),             # noise inputs (half fit A, half measure the error)
+    ("seed", pa.int64()),
+    ("noise_std", pa.float64()),         # noise inputs y ~ N(0, noise_std^2) per entry
+    ("error", pa.float64()),             # median held-out |f(gy) - A f(y)| / |f(y)|
+    ("identity_error", pa.float64()),    # the same with A = I
+    ("signed_perm_distance", pa.float64()),   # min ||A - P||_F / sqrt(width) over signed permutations
+    ("perm_distance", pa.float64()),          # ... over permutations
+    ("match_corr", pa.float64()),        # median |corr(f_pi(j)(gy), f_j(y))|, best signed neuron matching pi
+    ("match_negations", pa.int32()),     # neurons pi maps onto a negated neuron
+    ("matrix", pa.list_(pa.float32())),  # A, row-major width x width
+    ("signed_perm", pa.list_(pa.int32())),    # nearest signed permutation: column of each row ...
+    ("signs", pa.list_(pa.int8())),           # ... and its sign
+    ("created_at", pa.timestamp("us", tz="UTC")),
+])
+
 INGEST_RELATIONS = ("models", "architectures", "layers", "nodes", "edges", "ingest_errors")
-RESULT_RELATIONS = ("runs", "predictions", "embeddings", "similarities")
+RESULT_RELATIONS = ("runs", "predictions", "embeddings", "similarities", "layer_equivariance")
 FIXED_SCHEMAS = {"architectures": ARCHITECTURES, "layers": LAYERS, "nodes": NODES, "edges": EDGES,
                  "ingest_errors": INGEST_ERRORS, "runs": RUNS, "predictions": PREDICTIONS,
-                 "embeddings": EMBEDDINGS, "similarities": SIMILAR, "models": MODEL_CORE}
+                 "embeddings": EMBEDDINGS, "similarities": SIMILAR, "layer_equivariance": LAYER_EQUIVARIANCE,
+                 "models": MODEL_CORE}

@@ -28,6 +28,9 @@ LATEST_PREDICTIONS = (  # per model and target, the NG-GNN prediction of the new
     "GROUP BY p.target, p.model_id ORDER BY p.target, p.model_id")
 
 
+LATEST_LAYER_EQUIVARIANCE = (  # per model, transform and layer, the error of the newest analysis
+    "SELECT transform, model_id, layer, arg_max(error, created_at), arg_max(analysis_id, created_at) "
+    "FROM layer_equivariance GROUP BY ALL ORDER BY transform, model_id, layer")
 SIMILAR_EDGES = "SELECT query_id, neighbour_id, score, run_id FROM similarities ORDER BY run_id, query_id, rank"
 
 
@@ -37,10 +40,12 @@ class SyncReport:
     models: int
     architectures: int
     predictions: int
+    layer_equivariance: int = 0
 
     def __str__(self) -> str:
         return (f"synced {self.store}: {self.models} models, {self.architectures} architectures, "
-                f"{self.predictions} predictions")
+                f"{self.predictions} predictions"
+                + (f", {self.layer_equivariance} layer-equivariance errors" if self.layer_equivariance else ""))
 
 
 def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True, batch: int = 2000) -> SyncReport:
@@ -60,6 +65,10 @@ def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True,
         architectures = con.sql("SELECT * FROM architectures").arrow().read_all().to_pylist()
         layers = con.sql(ONE_MODEL_PER_ARCHITECTURE).arrow().read_all().to_pylist()
         preds = con.sql(LATEST_PREDICTIONS).fetchall()
+        equivariance = con.execute(LATEST_LAYER_EQUIVARIANCE).fetchall()
+        by_analysis: dict[tuple[str, str], list] = {}
+        for transform, model_id, layer, error, analysis_id in equivariance:
+            by_analysis.setdefault((transform, analysis_id), []).append((model_id, layer, error))
         similar: dict[str, list] = {}
         for a, b, score, run_id in con.execute(SIMILAR_EDGES).fetchall():
             similar.setdefault(run_id, []).append((a, b, score))
@@ -82,11 +91,13 @@ def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True,
                     store.write_predictions(target, rows, run_id)
                 for run_id, pairs in similar.items():
                     store.write_similar(pairs, run_id)
+                for (transform, analysis_id), rows in by_analysis.items():
+                    store.write_layer_equivariance(transform, rows, analysis_id)
         except StoreError as exc:
             raise StoreError(f"{exc} (the graph store was left as it was)") from exc
     finally:
         con.close()
-    return SyncReport(store.describe(), n_models, len(architectures), len(preds))
+    return SyncReport(store.describe(), n_models, len(architectures), len(preds), len(equivariance))
 
 
 def _valid_property(name: str) -> bool:

@@ -21,6 +21,7 @@ def main():
     jobs retrieve MODEL_ID -k 10 --write-back   similar models by embedding
     jobs classify --run RUN_ID --target dataset  linear probe on frozen embeddings
     jobs merge MODEL_A MODEL_B --out merged.safetensors --ingest
+    jobs layer-equivariance --where "zoo = 'eq'" --transform mirror-lr --transform mirror-ud
     """
 
 
@@ -207,6 +208,52 @@ def merge(model_a, model_b, method, alpha, run_id, points, no_reset_bn, out, ing
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=ingest) as (store, warning):
         report = merge_models(root, model_a, model_b, cfg, out=out, ingest=ingest, store=store)
     click.echo(report.summary())
+    if warning:
+        click.echo(f"graph store not updated: {warning} (run `graphstore sync` later)", err=True)
+
+
+@main.command("layer-equivariance")
+@catalog_option
+@click.option("--where", default=None, help="SQL condition over the models view selecting the MLPs (default: all).")
+@click.option("--transform", "transforms", multiple=True, required=True, metavar="NAME",
+              help="Input transform g: mirror-lr, mirror-ud (of the square image grid of the input) or "
+                   "perm-input[:SEED] (a random permutation of the inputs). Repeatable.")
+@click.option("--samples", type=click.IntRange(min=4), default=100_000, show_default=True,
+              help="Noise inputs per model: half fit A_i, the other half measure the error.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the noise inputs.")
+@click.option("--noise-std", type=float, default=1.0, show_default=True,
+              help="Noise inputs y have i.i.d. N(0, STD^2) entries.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.option("--summary-only", is_flag=True, help="Print only the summary, not one row per model and layer.")
+@store_options
+@translate_errors
+def layer_equivariance(catalog, where, transforms, samples, seed, noise_std, fmt, summary_only, neo4j_uri,
+                       neo4j_user, neo4j_password):
+    """Which layers of the selected MLPs are equivariant to an input transform g, and to what.
+
+    Per model and layer i (hidden layers after their activation, then the output): the linear map
+    A_i fitted by least squares so that A_i f_i(y) ~ f_i(g y) on Gaussian noise inputs y, the
+    median relative error |f_i(g y) - A_i f_i(y)| / |f_i(y)| on held-out noise, and the distance of
+    A_i to the nearest signed permutation and to the nearest permutation. Prints a row per model
+    and layer and a summary (medians) by activation, task, trained and analysed transform; writes
+    the rows (with A_i) to the catalog's layer_equivariance relation, e.g.
+
+    
+      pipeline sql "SELECT activation, layer, median(error) FROM layer_equivariance
+                    JOIN models m USING (model_id) GROUP BY ALL"
+
+    and the errors to the graph store as model properties equivariance_<transform>_f<i>."""
+    from jobs.layer_equivariance import analyse_catalog
+    from pipeline.config import catalog_dir
+
+    with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password) as (store, warning):
+        report = analyse_catalog(catalog_dir(catalog), where, transforms, samples, seed, store=store, progress=True,
+                                 noise_std=noise_std)
+    if not summary_only:
+        click.echo(format_rows(*report.table(), fmt))
+    click.echo(f"summary: median over models (analysis {report.analysis_id}, {samples} noise samples)")
+    click.echo(format_rows(*report.summary_table(), fmt))
+    warning = report.store_warning or warning
     if warning:
         click.echo(f"graph store not updated: {warning} (run `graphstore sync` later)", err=True)
 

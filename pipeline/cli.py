@@ -27,7 +27,7 @@ def zoo():
 
 
 @zoo.command("make")
-@click.argument("kind", type=click.Choice(["cnn", "cnn-fixed", "mlp", "inr"]))
+@click.argument("kind", type=click.Choice(["cnn", "cnn-fixed", "mlp", "inr", "mlp-equivariant"]))
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--n", "n", type=click.IntRange(min=1), default=100, show_default=True, help="Number of models.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Zoo seed; the same seed gives the same zoo.")
@@ -40,9 +40,11 @@ def zoo():
 @translate_errors
 def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas):
     """Train a zoo of KIND (cnn: CNNs of varied architecture on digits; cnn-fixed: one CNN architecture on
-    digits, training recipe varied; mlp: MLPs on four tabular datasets; inr: SIRENs
-    fitted to digit images) into OUT_DIR. Models already in OUT_DIR are kept, so an interrupted
-    run resumes."""
+    digits, training recipe varied; mlp: MLPs on four tabular datasets; inr: SIRENs fitted to digit
+    images; mlp-equivariant: depth-4 MLPs on flattened digits, autoencoders and classifiers with tanh
+    or GELU first, half of them trained with a soft mirror-lr equivariance loss, in a grid of 8 cells
+    repeated over seeds, for `jobs layer-equivariance`) into OUT_DIR. Models already in OUT_DIR are
+    kept, so an interrupted run resumes."""
     from pipeline.zoo.make import make_zoo
 
     click.echo(str(make_zoo(kind, out_dir, n, seed, fmt, workers, progress=True, replicas=replicas)))
@@ -133,9 +135,10 @@ def convert(checkpoint, spec_file):
 @translate_errors
 def sql(query, catalog, fmt, out, params, timeout, memory_limit):
     """Run a read-only SQL QUERY (DuckDB) over the catalog relations: models, architectures,
-    layers, nodes, edges, ingest_errors, runs, predictions, embeddings. Statements that write,
-    attach, copy, install or load are refused; files outside the catalog cannot be read. A query
-    is stopped after --timeout seconds and refused past --memory-limit; Ctrl-C stops it too."""
+    layers, nodes, edges, ingest_errors, runs, predictions, embeddings, similarities,
+    layer_equivariance. Statements that write, attach, copy, install or load are refused; files
+    outside the catalog cannot be read. A query is stopped after --timeout seconds and refused past
+    --memory-limit; Ctrl-C stops it too."""
     from graphstore.sql import run_readonly
     from pipeline.config import catalog_dir
 

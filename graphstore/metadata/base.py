@@ -161,6 +161,24 @@ class MetadataStore(ABC):
                    for m, v in rows]
         self._set_model_property(prop, payload)
 
+    def write_layer_equivariance(self, transform: str, rows: Iterable[tuple[str, int, float]], analysis_id: str) -> None:
+        """Set ``equivariance_<transform>_f<layer>`` (the median relative error of ``jobs
+        layer-equivariance``, e.g. ``equivariance_mirror_lr_f1``) and its ``..._run`` on models;
+        ``rows`` are (model_id, layer, error)."""
+        base = "equivariance_" + "".join(c if c.isalnum() else "_" for c in transform.lower())
+        by_layer: dict[int, list[dict]] = {}
+        for model_id, layer, error in rows:
+            if error is not None:
+                by_layer.setdefault(int(layer), []).append({"model_id": model_id, "value": float(error),
+                                                            "run_id": analysis_id})
+        if not by_layer:
+            return
+        self.ensure_schema()
+        for layer, payload in sorted(by_layer.items()):
+            prop = check_property(f"{base}_f{layer}")
+            self._ensure_model_properties({prop: "DOUBLE", prop + "_run": "STRING"})
+            self._set_model_property(prop, payload)
+
     def write_similar(self, pairs: Iterable[tuple[str, str, float]], run_id: str) -> None:
         """MERGE ``(a)-[:SIMILAR_TO {run_id}]->(b)`` with its score."""
         self.ensure_schema()

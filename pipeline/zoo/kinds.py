@@ -1,4 +1,4 @@
-"""The three zoo kinds: what each model's architecture and training recipe is, drawn from a seed.
+"""The zoo kinds: what each model's architecture and training recipe is, drawn from a seed.
 
 All data ships with scikit-learn (nothing is downloaded):
 - ``cnn``: small CNNs on the 8x8 digits images; width, depth, activation, batch norm, residual
@@ -10,6 +10,8 @@ All data ships with scikit-learn (nothing is downloaded):
 - ``mlp``: MLPs on iris, wine, breast cancer and digits, each reduced to 4 PCA features with a
   10-way output, so all share one architecture and the dataset must be read from the weights.
 - ``inr``: SIRENs fitted to single digit images (pixel coordinates -> intensity), labelled by digit.
+- ``mlp-equivariant``: depth-4 MLPs on the flattened digits (autoencoders and classifiers, tanh or
+  GELU first), some trained with a soft mirror-equivariance loss (``pipeline.zoo.equivariant``).
 """
 from __future__ import annotations
 
@@ -265,8 +267,15 @@ def inr_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
     return ModelRecipe(INR_SPEC, train, meta)
 
 
+def _mlp_equivariant(rng: np.random.Generator, seed: int) -> ModelRecipe:
+    from pipeline.zoo.equivariant import mlp_equivariant_recipe
+
+    return mlp_equivariant_recipe(rng, seed)
+
+
 RECIPES: dict[str, Callable[[np.random.Generator, int], ModelRecipe]] = {
-    "cnn": cnn_recipe, "cnn-fixed": cnn_fixed_recipe, "mlp": mlp_recipe, "inr": inr_recipe}
+    "cnn": cnn_recipe, "cnn-fixed": cnn_fixed_recipe, "mlp": mlp_recipe, "inr": inr_recipe,
+    "mlp-equivariant": _mlp_equivariant}
 
 
 def make_model(kind: str, seed: int, init_seed: int | None = None) -> tuple[nn.Module, ModelRecipe, dict[str, Any]]:

@@ -1,0 +1,223 @@
+"""Layerwise equivariance: a first layer built to be exactly mirror-equivariant is found to be so
+(error ~ 0, A = the signed permutation it was built with); random layers are not; the
+layer_equivariance relation round-trips through the catalog, SQL, the graph store and
+`graphstore sync`; the CLI runs end to end on a tiny mlp-equivariant zoo."""
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from graphstore.metadata import open_store
+from graphstore.sql import run_readonly
+from graphstore.sync import sync_store
+from jobs.cli import main as jobs_cli
+from jobs.layer_equivariance import (analyse_catalog, fit_layers, nearest_permutation_distance,
+                                     nearest_signed_permutation, neuron_roles)
+from pipeline.cli import main as pipeline_cli
+from pipeline.errors import JobError, ZooGraphError
+from pipeline.ingest import ingest_zoo
+from pipeline.spec import build_module
+from pipeline.zoo import equivariant
+from pipeline.zoo.make import make_zoo
+from pipeline.zoo.transforms import transform_index
+
+
+def equivariant_first_layer(activation: str, kinds=("pair", "antisymmetric", "symmetric"), seed: int = 0):
+    """A depth-4 MLP whose first layer satisfies W Q = S W and S b = b for the mirror-lr pixel
+    permutation Q and a known signed permutation S: mirror pairs (w, w[index]) are swapped,
+    antisymmetric filters u - u[index] (bias 0) are negated, symmetric filters u + u[index] stay."""
+    rng = np.random.default_rng(seed)
+    index = transform_index("mirror-lr", 64)
+    rows, bias, perm, signs = [], [], [], []
+    while len(rows) < 64:
+        for kind in kinds:
+            u = rng.normal(0, 0.6, 64)
+            k = len(rows)
+            if len(rows) == 64:
+                break
+            if kind == "pair" and k + 2 <= 64:
+                b = rng.normal(0, 0.5)
+                rows += [u, u[index]]
+                bias += [b, b]
+                perm += [k + 1, k]
+                signs += [1, 1]
+            elif kind == "antisymmetric" or (kind == "pair" and "symmetric" not in kinds):
+                rows.append(u - u[index])
+                bias.append(0.0)
+                perm.append(k)
+                signs.append(-1)
+            else:
+                rows.append(u + u[index])
+                bias.append(rng.normal(0, 0.5))
+                perm.append(k)
+                signs.append(1)
+    net = build_module(equivariant.equivariant_spec(activation, "autoencoder", width=64))
+    with torch.no_grad():
+        net.layers[0].weight.copy_(torch.tensor(np.array(rows[:64]), dtype=torch.float32))
+        net.layers[0].bias.copy_(torch.tensor(bias[:64], dtype=torch.float32))
+    return net, np.array(perm[:64]), np.array(signs[:64])
+
+
+def test_exactly_equivariant_tanh_layer_is_found_with_its_signed_permutation():
+    net, perm, signs = equivariant_first_layer("tanh")
+    spec = equivariant.equivariant_spec("tanh", "autoencoder", width=64)
+    fit = fit_layers(net, spec, "mirror-lr", samples=4000)[0]
+    assert fit.layer == 1 and fit.activation == "tanh" and fit.width == 64
+    assert fit.error < 1e-6
+    assert fit.identity_error > 0.3                 # the mirror does move the layer
+    assert np.array_equal(fit.signed_perm, perm) and np.array_equal(fit.signs, signs)
+    expected = np.zeros((64, 64))
+    expected[np.arange(64), perm] = signs
+    assert np.abs(fit.matrix - expected).max() < 1e-5
+    assert fit.signed_perm_distance < 1e-5 and fit.match_corr > 1 - 1e-9
+    assert fit.match_negations == int((signs < 0).sum()) > 0
+    assert fit.perm_distance > 0.5                  # the negated neurons are no plain permutation
+    roles = neuron_roles(fit)
+    assert {"mirror", "negation", "itself"} == set(roles) and "negated mirror" not in roles
+
+
+def test_gelu_needs_a_plain_permutation():
+    """GELU is not odd: antisymmetric filters break equivariance; pairs and symmetric ones keep it."""
+    spec = equivariant.equivariant_spec("gelu", "autoencoder", width=64)
+    net, perm, _ = equivariant_first_layer("gelu", kinds=("pair", "symmetric"))
+    fit = fit_layers(net, spec, "mirror-lr", samples=4000)[0]
+    assert fit.error < 1e-6 and fit.perm_distance < 1e-5 and np.array_equal(fit.signed_perm, perm)
+    assert fit.match_negations == 0
+    net, _, _ = equivariant_first_layer("gelu")
+    assert fit_layers(net, spec, "mirror-lr", samples=4000)[0].error > 0.05
+
+
+def test_random_mlp_is_not_layerwise_equivariant():
+    torch.manual_seed(0)
+    spec = equivariant.equivariant_spec("tanh", "autoencoder", width=64)
+    net = build_module(spec)
+    with torch.no_grad():
+        net.layers[0].weight.normal_(0, 0.5)
+    fits = fit_layers(net, spec, "mirror-lr", samples=4000)
+    assert fits[0].error > 0.1 and fits[0].signed_perm_distance > 0.3 and fits[0].match_corr < 0.9
+    assert [f.layer for f in fits] == [1, 2, 3, 4] and fits[-1].activation is None
+
+
+def test_nearest_permutations_are_exact_minimisers():
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(5, 5))
+    best_signed = best_plain = np.inf
+    import itertools
+
+    for p in itertools.permutations(range(5)):
+        m = np.zeros((5, 5))
+        m[np.arange(5), p] = np.sign(a[np.arange(5), p])
+        best_signed = min(best_signed, np.linalg.norm(a - m) / np.sqrt(5))
+        m[np.arange(5), p] = 1
+        best_plain = min(best_plain, np.linalg.norm(a - m) / np.sqrt(5))
+    assert nearest_signed_permutation(a)[2] == pytest.approx(best_signed)
+    assert nearest_permutation_distance(a) == pytest.approx(best_plain)
+
+
+def test_transforms():
+    lr, ud = transform_index("mirror-lr", 64), transform_index("mirror-ud", 64)
+    img = np.arange(64).reshape(8, 8)
+    assert np.array_equal(img.reshape(-1)[lr].reshape(8, 8), img[:, ::-1])
+    assert np.array_equal(img.reshape(-1)[ud].reshape(8, 8), img[::-1])
+    p3 = transform_index("perm-input:3", 10)
+    assert sorted(p3) == list(range(10)) and np.array_equal(p3, transform_index("perm-input:3", 10))
+    with pytest.raises(ZooGraphError, match="not a flattened square"):
+        transform_index("mirror-lr", 10)
+    with pytest.raises(ZooGraphError, match="unknown transform"):
+        transform_index("rotate", 64)
+
+
+# ------------------------------------------------------------------ over a real catalog
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """8 mlp-equivariant models (one per grid cell, 6 epochs each) and a CNN, ingested with the
+    embedded graph store."""
+    root = tmp_path_factory.mktemp("leq")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(equivariant.TRAINING, "epochs", 6)
+        make_zoo("mlp-equivariant", root / "zoo", n=8, seed=0, workers=1, progress=False)
+    make_zoo("cnn", root / "cnn", n=1, seed=0, workers=1, progress=False)
+    catalog = root / "catalog"
+    with open_store(catalog, use_env=False) as store:
+        assert ingest_zoo(root / "zoo", catalog, zoo_name="eq", store=store, progress=False).ok
+        assert ingest_zoo(root / "cnn", catalog, zoo_name="cnn", store=store, progress=False).ok
+    return {"root": root, "catalog": catalog}
+
+
+def test_zoo_records_the_grid(tiny):
+    rows = run_readonly(tiny["catalog"], "SELECT activation, task, equivariance, equivariance_lambda, width, "
+                                         "equivariance_error FROM models WHERE zoo = 'eq'").to_pylist()
+    cells = {(r["activation"], r["task"], r["equivariance"]) for r in rows}
+    assert cells == set(equivariant.CELLS)
+    assert all((r["equivariance_lambda"] > 0) == (r["equivariance"] != "none") for r in rows)
+    assert all(r["width"] == 64 and r["equivariance_error"] >= 0 for r in rows)
+
+
+def test_relation_round_trips_through_catalog_sql_and_graph_store(tiny):
+    catalog = tiny["catalog"]
+    with open_store(catalog, use_env=False) as store:
+        report = analyse_catalog(catalog, "zoo = 'eq' AND task = 'autoencoder'", ["mirror-lr"], samples=2000,
+                                 store=store)
+    assert report.store_warning is None and len(report.rows) == 4 * 4
+    got = run_readonly(catalog, "SELECT l.model_id, l.layer, l.error, l.width, len(l.matrix) AS n, m.activation "
+                                "FROM layer_equivariance l JOIN models m USING (model_id) "
+                                "WHERE l.analysis_id = ? ORDER BY l.model_id, l.layer",
+                       [report.analysis_id]).to_pylist()
+    expected = sorted((r["model_id"], r["layer"], r["error"]) for r in report.rows)
+    assert [(g["model_id"], g["layer"], g["error"]) for g in got] == expected
+    assert all(g["n"] == g["width"] ** 2 for g in got) and {g["activation"] for g in got} == {"tanh", "gelu"}
+    first = {r["model_id"]: r["error"] for r in report.rows if r["layer"] == 1}
+
+    def stored(store):
+        res = store.run("MATCH (m:Model) WHERE m.equivariance_mirror_lr_f1 IS NOT NULL "
+                        "RETURN m.model_id, m.equivariance_mirror_lr_f1, m.equivariance_mirror_lr_f1_run")
+        return {r[0]: (r[1], r[2]) for r in res.rows}
+
+    with open_store(catalog, use_env=False) as store:
+        assert stored(store) == {m: (e, report.analysis_id) for m, e in first.items()}
+        store.clear()
+        assert stored(store) == {}
+        sync = sync_store(catalog, store)
+        assert sync.layer_equivariance == 16 and "layer-equivariance" in str(sync)
+        assert stored(store) == {m: (e, report.analysis_id) for m, e in first.items()}
+
+
+def test_non_mlps_are_refused(tiny):
+    with pytest.raises(JobError, match="MLPs only"):
+        analyse_catalog(tiny["catalog"], "zoo = 'cnn'", ["mirror-lr"], samples=100)
+
+
+def test_cli_end_to_end(tiny):
+    catalog = str(tiny["catalog"])
+    res = CliRunner().invoke(jobs_cli, ["layer-equivariance", "--catalog", catalog, "--where", "zoo = 'eq'",
+                                        "--transform", "mirror-lr", "--transform", "perm-input:2",
+                                        "--samples", "1000"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert "(64 rows)" in res.output                     # 8 models x 2 transforms x 4 layers
+    assert any(line.startswith("summary: median over models") for line in lines)
+    assert any(line.startswith("tanh") and "mirror-lr" in line for line in lines)
+    res = CliRunner().invoke(pipeline_cli, ["sql", "--catalog", catalog, "--format", "csv",
+                                            "SELECT transform, count(*) AS n FROM layer_equivariance "
+                                            "JOIN models USING (model_id) GROUP BY 1 ORDER BY 1"])
+    assert res.exit_code == 0 and "mirror-lr" in res.output and "perm-input:2" in res.output
+    bad = CliRunner().invoke(jobs_cli, ["layer-equivariance", "--catalog", catalog, "--transform", "rotate"])
+    assert bad.exit_code == 1 and "unknown transform 'rotate'" in bad.output and "Traceback" not in bad.output
+    bad = CliRunner().invoke(jobs_cli, ["layer-equivariance", "--catalog", catalog, "--where", "zoo = 'cnn'",
+                                        "--transform", "mirror-lr", "--samples", "100"])
+    assert bad.exit_code == 1 and "MLPs only" in bad.output
+
+
+def test_sync_shows_the_newest_errors_on_both_backends(tiny, store_factory):
+    catalog = tiny["catalog"]
+    report = analyse_catalog(catalog, "zoo = 'eq' AND activation = 'tanh'", ["perm-input:5"], samples=1000)
+    store = store_factory(catalog=tiny["root"] / f"store-{store_factory.backend}")
+    try:
+        sync_store(catalog, store)
+        res = store.run("MATCH (m:Model) WHERE m.equivariance_perm_input_5_f4 IS NOT NULL "
+                        "RETURN m.model_id, m.equivariance_perm_input_5_f4, m.equivariance_perm_input_5_f4_run")
+    finally:
+        store.close()
+    assert {r[0]: (r[1], r[2]) for r in res.rows} == {
+        r["model_id"]: (pytest.approx(r["error"]), report.analysis_id) for r in report.rows if r["layer"] == 4}
