@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -39,3 +40,21 @@ def grown_zoo(src: Path, factor: int, seed: int = 0) -> Path:
             (out / f"{name}.json").write_text(json.dumps(side))
     (out / ".complete").write_text("ok")
     return out
+
+
+def zoo_catalog(kind: str, n: int, seed: int = 0) -> Path:
+    """A catalog holding one zoo of ``kind`` with ``n`` models (made and ingested once, then reused)."""
+    from pipeline.ingest import ingest_zoo
+    from pipeline.zoo.make import make_zoo
+
+    zoo = CACHE / f"{kind}-{n}-{seed}"
+    cat = CACHE / f"catalog-{kind}-{n}-{seed}"
+    if not (zoo / "metrics.csv").exists() or len(list(zoo.glob("*.safetensors"))) < n:
+        t = time.perf_counter()
+        print(f"making {kind} zoo of {n} models in {zoo} ...", flush=True)
+        make_zoo(kind, zoo, n=n, seed=seed, workers=2, progress=True)
+        print(f"  made in {time.perf_counter() - t:.0f}s", flush=True)
+        shutil.rmtree(cat, ignore_errors=True)
+    if not (cat / "parts").exists():
+        ingest_zoo(zoo, cat, zoo_name=kind, workers=2, progress=False)
+    return cat

@@ -18,36 +18,17 @@ split); the spread printed is over seeds. Zoos are made with ``pipeline zoo make
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from _zoos import CACHE
+from _zoos import zoo_catalog
 
 SCALES = (10.0, 1000.0)
 VARIANTS = {"ngnn": {}, "ngnn+canonical": {"canonical": True}, "ngnn+quasi": {"quasi": True},
             "ngnn+augment": {"scale_augment": 1000.0}}
-
-
-def zoo_catalog(kind: str, n: int, seed: int = 0) -> Path:
-    """A catalog holding one zoo of ``kind`` with ``n`` models (made and ingested once, then reused)."""
-    from pipeline.ingest import ingest_zoo
-    from pipeline.zoo.make import make_zoo
-
-    zoo = CACHE / f"{kind}-{n}-{seed}"
-    cat = CACHE / f"catalog-{kind}-{n}-{seed}"
-    if not (zoo / "metrics.csv").exists() or len(list(zoo.glob("*.safetensors"))) < n:
-        t = time.perf_counter()
-        print(f"making {kind} zoo of {n} models in {zoo} ...", flush=True)
-        make_zoo(kind, zoo, n=n, seed=seed, workers=2, progress=True)
-        print(f"  made in {time.perf_counter() - t:.0f}s", flush=True)
-        shutil.rmtree(cat, ignore_errors=True)
-    if not (cat / "parts").exists():
-        ingest_zoo(zoo, cat, zoo_name=kind, workers=2, progress=False)
-    return cat
 
 
 def run_variant(cat: Path, variant: str, seed: int, epochs: int, baselines: bool) -> dict:

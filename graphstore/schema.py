@@ -104,7 +104,7 @@ PREDICTIONS = pa.schema([
     ("target", pa.string()),
     ("predicted", pa.float64()),
     ("predicted_label", pa.string()),
-    ("method", pa.string()),             # ngnn | statnn | flat_mlp
+    ("method", pa.string()),             # ngnn | ngt | statnn | statnn_mlp | flat_mlp
 ])
 
 EMBEDDINGS = pa.schema([

@@ -1,8 +1,12 @@
 """Baselines run beside NG-GNN on the same split.
 
 - StatNN (Unterthiner et al., 2020): per-layer statistics of weights and biases (mean, variance,
-  quantiles 0/25/50/75/100) into scikit-learn gradient boosting. The statistics are computed in
-  DuckDB, not in a Python loop over models.
+  quantiles 0/25/50/75/100), computed in DuckDB, not in a Python loop over models. Two learners,
+  each with its hyperparameters chosen on the validation split (Kendall tau for regression,
+  accuracy for classification) as carefully as NG-GNN's early stopping: gradient boosting
+  (``statnn``) and, as the paper ran it, an MLP (``statnn_mlp``). Where the selection holds more
+  than one architecture, shape descriptors join the statistics (parameter count, depth, widths,
+  kernel sizes, norm and residual layers, activations): a baseline must see what NG-GNN sees.
 - Flat-weights MLP: every weight and bias of a model in one vector; only defined where models
   share one shape, so it runs on the most common architecture of the selection.
 """
@@ -72,6 +76,34 @@ def statnn_features_of_graphs(graphs: Sequence) -> np.ndarray:
     return feats.reshape(len(graphs), -1)
 
 
+SHAPE_QUERY = (
+    "SELECT m.model_id, ln(m.num_params), a.num_layers, a.num_ops, ln(a.num_nodes), m.kernel_h, m.kernel_w, "
+    "count(*) FILTER (WHERE l.relation = 'norm'), count(*) FILTER (WHERE l.relation = 'residual'), "
+    "avg(l.out_size) FILTER (WHERE l.relation NOT IN ('norm', 'residual')), "
+    "max(l.out_size) FILTER (WHERE l.relation NOT IN ('norm', 'residual')), "
+    "min(l.out_size) FILTER (WHERE l.relation NOT IN ('norm', 'residual')), "
+    "string_agg(DISTINCT l.activation, ',') "
+    "FROM models m JOIN _sel USING (model_id) JOIN architectures a USING (architecture_id) "
+    "JOIN layers l USING (model_id) GROUP BY ALL")
+
+
+def shape_features(con, model_ids: Sequence[str]) -> np.ndarray:
+    """(n_models, k) architecture descriptors: log parameter count, layers, operations, log neurons,
+    kernel size, norm and residual layers, mean / max / min width, and one column per activation."""
+    cur = con.cursor()
+    cur.register("_sel", pa.table({"model_id": pa.array(list(model_ids), pa.string())}))
+    rows = {r[0]: r[1:] for r in cur.execute(SHAPE_QUERY).fetchall()}
+    cur.close()
+    acts = sorted({a for r in rows.values() for a in (r[-1] or "").split(",") if a and a != "identity"})
+    out = np.full((len(model_ids), 11 + len(acts)), np.nan)
+    for i, m in enumerate(model_ids):
+        if m in rows:
+            r = rows[m]
+            present = set((r[-1] or "").split(","))
+            out[i] = [*(np.nan if v is None else float(v) for v in r[:-1]), *(float(a in present) for a in acts)]
+    return out
+
+
 @dataclass
 class BaselineResult:
     name: str
@@ -80,27 +112,93 @@ class BaselineResult:
     note: str = ""
     estimator: object = None         # the fitted model, to score other inputs (e.g. rescaled models)
     columns: np.ndarray | None = None   # the feature columns it was fitted on
+    shape: np.ndarray | None = None     # shape descriptors of every selected model (appended to the statistics)
+
+    def features_of_graphs(self, graphs: Sequence, rows: np.ndarray) -> np.ndarray:
+        """The estimator's inputs for in-memory graphs of the selected models ``rows`` (e.g. rescaled
+        test models: their statistics change, their shape does not)."""
+        x = statnn_features_of_graphs(graphs)
+        if self.shape is not None:
+            x = np.hstack([x, self.shape[rows]])
+        return x[:, self.columns]
 
 
-def run_statnn(con, sel: Selection, seed: int = 0) -> BaselineResult:
+GBT_GRID = [{"learning_rate": lr, "max_leaf_nodes": leaves, "l2_regularization": l2}
+            for lr in (0.03, 0.1) for leaves in (7, 31) for l2 in (0.0, 1.0)]
+MLP_GRID = [{"hidden_layer_sizes": h, "alpha": a} for h in ((128, 128), (256, 256, 256)) for a in (1e-4, 1e-2)]
+
+
+def _estimator(learner: str, task: str, params: dict, n_train: int, seed: int):
     from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+    from sklearn.impute import SimpleImputer
+    from sklearn.neural_network import MLPClassifier, MLPRegressor
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
 
-    x = statnn_features(con, sel.model_ids)
-    train = sel.mask("train")
-    # layers that (almost) no training model has carry no signal and break the binning
-    columns = np.isfinite(x[train]).sum(0) >= 2
+    if learner == "gbt":
+        # the default leaf of 20 samples leaves a small zoo no split at all (a constant prediction)
+        leaf = int(min(20, max(2, n_train // 10)))
+        cls = HistGradientBoostingRegressor if task == "regression" else HistGradientBoostingClassifier
+        return cls(max_iter=300, min_samples_leaf=leaf, random_state=seed, **params)
+    cls = MLPRegressor if task == "regression" else MLPClassifier
+    # missing layers (shallower models) become 0 plus an indicator column, then standardised
+    return make_pipeline(SimpleImputer(strategy="constant", fill_value=0.0, add_indicator=True), StandardScaler(),
+                         cls(learning_rate_init=1e-3, max_iter=500, early_stopping=n_train >= 50,
+                             n_iter_no_change=20, random_state=seed, **params))
+
+
+def _val_score(task: str, y: np.ndarray, p: np.ndarray) -> float:
+    if len(y) < 2:
+        return 0.0
+    if task == "regression":
+        from scipy.stats import kendalltau
+
+        tau = kendalltau(y, p).statistic
+        return -1.0 if np.isnan(tau) else float(tau)
+    return float(np.mean(y == p))
+
+
+def run_statnn(con, sel: Selection, seed: int = 0, learner: str = "gbt", shape: bool | None = None) -> BaselineResult:
+    """StatNN with ``learner`` (gbt | mlp), hyperparameters chosen on the validation split, then fitted
+    on the training split. ``shape``: append shape descriptors (default: when the selection holds
+    more than one architecture)."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    stats = statnn_features(con, sel.model_ids)
+    shape = len(set(sel.architectures)) > 1 if shape is None else shape
+    shp = shape_features(con, sel.model_ids) if shape else None
+    x = stats if shp is None else np.hstack([stats, shp])
+    train, val = sel.mask("train"), sel.mask("val")
+    # columns that (almost) no training model has, or that never vary, carry no signal and break the binning
+    xt = x[train]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)          # all-NaN columns: nan > nan is False
+        varies = np.nanmax(xt, 0) > np.nanmin(xt, 0)
+    columns = (np.isfinite(xt).sum(0) >= 2) & varies
     x = x[:, columns]
-    # the default leaf of 20 samples leaves a small zoo no split at all (a constant prediction)
-    leaf = int(min(20, max(2, train.sum() // 10)))
-    if sel.task == "regression":
-        est = HistGradientBoostingRegressor(max_iter=300, learning_rate=0.05, min_samples_leaf=leaf,
-                                            random_state=seed)
-    else:
-        est = HistGradientBoostingClassifier(max_iter=300, learning_rate=0.05, min_samples_leaf=leaf,
-                                             random_state=seed)
-    est.fit(x[train], sel.targets[train])
-    return BaselineResult("statnn", est.predict(x).astype(np.float64), np.ones(len(x), bool), estimator=est,
-                          columns=columns)
+    y = sel.targets
+    grid = GBT_GRID if learner == "gbt" else MLP_GRID
+    best, best_score = grid[0], -np.inf
+    if len(grid) > 1 and val.sum() >= 2:
+        for params in grid:
+            est = _estimator(learner, sel.task, params, int(train.sum()), seed)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                est.fit(x[train], y[train])
+            score = _val_score(sel.task, y[val], est.predict(x[val]))
+            if score > best_score:
+                best, best_score = params, score
+    est = _estimator(learner, sel.task, best, int(train.sum()), seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(x[train], y[train])
+    name = "statnn" if learner == "gbt" else f"statnn_{learner}"
+    return BaselineResult(name, est.predict(x).astype(np.float64), np.ones(len(x), bool), estimator=est,
+                          columns=columns, shape=shp,
+                          note=("with shape descriptors; " if shape else "") + "chosen on val: "
+                          + ", ".join(f"{k}={v}" for k, v in best.items()))
 
 
 def flat_weights(con, model_ids: Sequence[str]) -> np.ndarray:

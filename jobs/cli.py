@@ -40,6 +40,11 @@ def _device_option(fn):
 @click.option("--where", default=None, help="SQL condition over the models view selecting the models.")
 @click.option("--split-column", default=None,
               help="models column with train/val/test (default: a hash of model_id, stable across runs).")
+@click.option("--folds", type=click.IntRange(min=0), default=0, show_default=True, metavar="K",
+              help="K-fold cross-validation by hash of model_id (every model a test model in exactly one fold; "
+                   "15%% of the rest validation). 0 = the default hash split. Run once per --fold.")
+@click.option("--fold", type=click.IntRange(min=0), default=0, show_default=True, metavar="I",
+              help="Which fold (0..K-1) is the test set, with --folds K.")
 @click.option("--epochs", type=click.IntRange(min=1), default=40, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--lr", type=float, default=1e-3, show_default=True)
@@ -78,8 +83,8 @@ def _device_option(fn):
 @_device_option
 @store_options
 @translate_errors
-def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batch_size, lr, hidden, layers,
-                        probes, ensemble, patience, seed, loader_workers, no_baselines, canonical, scale_augment,
+def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold, epochs, batch_size, lr, hidden,
+                        layers, probes, ensemble, patience, seed, loader_workers, no_baselines, canonical, scale_augment,
                         rescale_test, metanet, quasi, quasi_eps, device, neo4j_uri, neo4j_user, neo4j_password):
     """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
     metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings.
@@ -91,7 +96,8 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, epochs, batc
     from jobs.train import TrainConfig, train_heterognn
 
     root = existing_catalog(catalog)
-    cfg = TrainConfig(target=target, where=where, task=task, split_column=split_column, epochs=epochs,
+    cfg = TrainConfig(target=target, where=where, task=task, split_column=split_column, folds=folds, fold=fold,
+                      epochs=epochs,
                       batch_size=batch_size, lr=lr, hidden=hidden, layers=layers, probes=probes, ensemble=ensemble,
                       patience=patience,
                       seed=seed,

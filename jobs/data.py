@@ -25,10 +25,25 @@ from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS, NeuralGraph
 SPLITS = ("train", "val", "test")
 
 
+def _unit(salt: str, model_id: str) -> float:
+    return int(hashlib.sha256((salt + model_id).encode()).hexdigest()[:12], 16) / float(16 ** 12)
+
+
 def hash_split(model_id: str, fractions: tuple[float, float] = (0.7, 0.15)) -> str:
     """Deterministic split from the model_id: a model keeps its split across runs."""
-    u = int(hashlib.sha256(("split:" + model_id).encode()).hexdigest()[:12], 16) / float(16 ** 12)
+    u = _unit("split:", model_id)
     return "train" if u < fractions[0] else "val" if u < fractions[0] + fractions[1] else "test"
+
+
+def fold_split(model_id: str, folds: int, fold: int, val_fraction: float = 0.15) -> str:
+    """Split of ``model_id`` in fold ``fold`` of a ``folds``-fold cross-validation: every model is a
+    test model in exactly one fold; of the others, a fixed ``val_fraction`` (by another hash, the
+    same in every fold) is validation, the rest training. Deterministic, like ``hash_split``."""
+    if folds < 2 or not 0 <= fold < folds:
+        raise JobError(f"--fold must be in 0..{folds - 1} of --folds {folds} (at least 2 folds)")
+    if int(_unit("fold:", model_id) * folds) == fold:
+        return "test"
+    return "val" if _unit("val:", model_id) < val_fraction else "train"
 
 
 @dataclass
@@ -56,7 +71,7 @@ def _columns(con) -> dict[str, str]:
 
 def select_models(con, target: str | None, where: str | None = None, task: str = "auto",
                   split_column: str | None = None, classes: Sequence[str] | None = None,
-                  require_target: bool = True, catalog=None) -> Selection:
+                  require_target: bool = True, catalog=None, folds: tuple[int, int] | None = None) -> Selection:
     """Models matching ``where`` (a SQL condition over ``models``), with target and split.
 
     The ``where`` condition is the user's SQL: it runs under the sandbox of ``pipeline sql``
@@ -69,7 +84,11 @@ def select_models(con, target: str | None, where: str | None = None, task: str =
         classes: fixed class list (when applying a trained classifier); default: sorted values.
         require_target: drop models whose target is NULL (training); keep them (prediction).
         catalog: the catalog of ``con``; needed with ``where``.
+        folds: ``(K, i)``: the split of fold i of a K-fold cross-validation (``fold_split``)
+            instead of the default hash split; not with ``split_column``.
     """
+    if folds is not None and split_column:
+        raise JobError("choose either a split column or folds, not both")
     cols = _columns(con)
     if target is not None and target not in cols:
         raise JobError(f"models has no column {target!r}; columns: {', '.join(sorted(cols))}")
@@ -107,6 +126,8 @@ def select_models(con, target: str | None, where: str | None = None, task: str =
         bad = set(splits) - set(SPLITS)
         if bad:
             raise JobError(f"split column {split_column!r} has values {sorted(bad)}; use train/val/test")
+    elif folds is not None:
+        splits = np.array([fold_split(m, *folds) for m in ids])
     else:
         splits = np.array([hash_split(m) for m in ids])
     frame = (max(int(r[2]) for r in rows), max(int(r[3]) for r in rows))

@@ -43,6 +43,8 @@ class TrainConfig:
     where: str | None = None
     task: str = "auto"                 # auto | regression | classification
     split_column: str | None = None
+    folds: int = 0                     # K > 1: K-fold cross-validation (jobs.data.fold_split), test fold ``fold``
+    fold: int = 0
     epochs: int = 40
     batch_size: int = 32
     lr: float = 1e-3
@@ -227,7 +229,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     ctx, device = init_from_env(cfg.device)
     progress = progress and ctx.is_main
     con = duck.connect(catalog)
-    sel = select_models(con, cfg.target, cfg.where, cfg.task, cfg.split_column, catalog=catalog)
+    sel = select_models(con, cfg.target, cfg.where, cfg.task, cfg.split_column, catalog=catalog,
+                        folds=(cfg.folds, cfg.fold) if cfg.folds else None)
     counts = {s: int(sel.mask(s).sum()) for s in ("train", "val", "test")}
     if counts["train"] < 2 or counts["test"] < 1:
         raise JobError(f"too few models to train and test: {counts}")
@@ -287,7 +290,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
                          history=history)
     baselines_of = {}
     if cfg.baselines:
-        for base in (run_statnn(con, sel, cfg.seed), run_flat_mlp(con, sel, cfg.seed)):
+        for base in (run_statnn(con, sel, cfg.seed), run_statnn(con, sel, cfg.seed, learner="mlp"),
+                     run_flat_mlp(con, sel, cfg.seed)):
             baselines_of[base.name] = base
             results[base.name] = base.predictions
             mask = test & base.applicable
@@ -354,8 +358,6 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
                    cfg: TrainConfig, device, max_scale: float, statnn=None) -> dict[str, dict]:
     """Test metrics of NG-GNN (and of the fitted StatNN) on rescaled copies U[1, max_scale] of the test
     models: ``{"ngnn@xMAX": ..., "statnn@xMAX": ...}``."""
-    from jobs.baselines import statnn_features_of_graphs
-
     test_idx = np.nonzero(sel.mask("test"))[0]
     ids = [sel.model_ids[i] for i in test_idx]
     graphs = rescaled_test_graphs(con, ids, max_scale, cfg.seed)
@@ -371,7 +373,7 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, sel.task)
     metrics = {cfg.model + tag: metrics_for(sel.task, y, _decode(sel.task, out, mean, std))}
     if statnn is not None and statnn.estimator is not None:
-        x = statnn_features_of_graphs(graphs)[:, statnn.columns]
+        x = statnn.features_of_graphs(graphs, test_idx)
         metrics["statnn" + tag] = metrics_for(sel.task, y, statnn.estimator.predict(x).astype(np.float64))
     return metrics
 

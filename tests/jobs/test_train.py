@@ -30,7 +30,7 @@ def trained(tmp_path_factory, catalog_dir):
 
 def test_run_reports_and_writes_results(trained):
     root, report = trained
-    assert set(report.metrics) == {"ngnn", "statnn", "flat_mlp"}
+    assert set(report.metrics) == {"ngnn", "statnn", "statnn_mlp", "flat_mlp"}
     assert -1 <= report.metrics["ngnn"]["kendall_tau"] <= 1 and report.metrics["ngnn"]["n"] == report.n_models["test"]
     con = duck.connect(root)
     n = con.execute("SELECT count(*) FROM models WHERE zoo = 'cnn'").fetchone()[0]

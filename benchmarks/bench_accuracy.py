@@ -1,0 +1,129 @@
+"""Accuracy prediction on models never seen: every method on the same K folds, with paired intervals.
+
+Two zoos made with ``pipeline zoo make`` (reused from /tmp/zoograph-bench): the diverse CNN zoo
+(``cnn``: widths, depths, kernels, batch norm, residuals, activations) and the fixed-architecture
+CNN zoo (``cnn-fixed``: one architecture, the training recipe varied). Each is split K ways by a
+hash of model_id (``jobs train-heterognn --folds K --fold I``): every model is a test model in
+exactly one fold. Per fold, in one run:
+
+- NG-GNN and NG-T with the project's default recipe (``jobs train-heterognn``, ``--model ngt``);
+- StatNN as gradient boosting (``statnn``) and as the paper's MLP (``statnn_mlp``), each with its
+  hyperparameters chosen on the validation split; on the diverse zoo with shape descriptors;
+- the flat-weights MLP (fixed zoo: one shape).
+
+It prints, per zoo and method, the mean and standard deviation over folds of test Kendall tau, R^2
+and MAE, and the paired difference in tau to the stronger StatNN with a bootstrap 95% interval
+(test models resampled within each fold, the same draw for both methods). A margin whose interval
+holds zero is not a win. Predictions are read back from the catalog's ``predictions`` relation.
+
+    .venv/bin/python benchmarks/bench_accuracy.py            # quick: 400-model zoos, 3 folds (~20 min)
+    .venv/bin/python benchmarks/bench_accuracy.py --full     # 1,500-model zoos, 3 folds (test sets of ~500)
+
+Peers not run here yet: NFN (NP, HNP) and WeightWatcher (issue #13).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _zoos import zoo_catalog
+
+METANETS = ("ngnn", "ngt")
+STATNNS = ("statnn", "statnn_mlp")
+
+
+def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: int, baselines: bool) -> str:
+    from jobs.train import TrainConfig, train_heterognn
+
+    cfg = TrainConfig(folds=folds, fold=fold, epochs=epochs, patience=max(5, epochs // 3), seed=seed, model=model,
+                      baselines=baselines)
+    t = time.perf_counter()
+    report = train_heterognn(cat, cfg, progress=False)
+    taus = "  ".join(f"{k} {v.get('kendall_tau', float('nan')):.3f}" for k, v in report.metrics.items())
+    print(f"  fold {fold} {model:5s} {taus}   ({time.perf_counter() - t:.0f}s, {report.n_models['test']} test models)",
+          flush=True)
+    return report.run_id
+
+
+def test_predictions(cat: Path, run_ids: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """method -> (targets, predictions) on the test models of these runs (one fold), same model order."""
+    from graphstore import duck
+
+    con = duck.connect(cat, ["models", "predictions"])
+    rows = con.execute(
+        "SELECT p.method, p.model_id, m.test_accuracy, p.predicted FROM predictions p JOIN models m USING (model_id) "
+        f"WHERE p.split = 'test' AND p.run_id IN ({', '.join('?' * len(run_ids))}) AND p.predicted IS NOT NULL "
+        "ORDER BY p.method, p.model_id", run_ids).fetchall()
+    con.close()
+    out: dict[str, tuple[list, list]] = {}
+    for method, _, y, p in rows:
+        ys, ps = out.setdefault(method, ([], []))
+        ys.append(y)
+        ps.append(p)
+    return {m: (np.array(y, float), np.array(p, float)) for m, (y, p) in out.items()}
+
+
+def summarise(kind: str, per_fold: list[dict[str, tuple[np.ndarray, np.ndarray]]], resamples: int) -> list[str]:
+    from sklearn.metrics import mean_absolute_error, r2_score
+
+    from jobs.compare import kendall_tau, paired_bootstrap
+
+    methods = [m for m in (*METANETS, *STATNNS, "flat_mlp") if all(m in f for f in per_fold)]
+    score = {m: {"tau": [kendall_tau(*f[m]) for f in per_fold], "r2": [r2_score(*f[m]) for f in per_fold],
+                 "mae": [mean_absolute_error(*f[m]) for f in per_fold]} for m in methods}
+    best = max((m for m in STATNNS if m in score), key=lambda m: np.mean(score[m]["tau"]))
+    n_test = [len(f[methods[0]][0]) for f in per_fold]
+    lines = [f"{kind}: {len(per_fold)} folds, test models per fold {n_test}; paired difference to {best} "
+             "(the stronger StatNN), bootstrap 95% interval",
+             f"  {'method':11s} {'tau mean ± sd':>16s} {'R^2 mean ± sd':>16s} {'MAE mean ± sd':>16s}"
+             f"   {'d tau vs ' + best:>28s}"]
+    for m in methods:
+        cells = [f"{np.mean(score[m][k]):.3f} ± {np.std(score[m][k]):.3f}" for k in ("tau", "r2", "mae")]
+        if m == best:
+            diff = "-"
+        else:
+            for f in per_fold:      # both methods scored on the same test models, in the same order
+                assert np.array_equal(f[m][0], f[best][0])
+            d = paired_bootstrap([f[m][0] for f in per_fold], [f[m][1] for f in per_fold],
+                                 [f[best][1] for f in per_fold], resamples=resamples)
+            diff = f"{d}" + (" *" if d.significant else "")
+        lines.append(f"  {m:11s} " + " ".join(f"{c:>16s}" for c in cells) + f"   {diff:>28s}")
+    return lines
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="1,500-model zoos (default: quick, 400)")
+    ap.add_argument("--n", type=int, default=None, help="models per zoo (default 400 quick, 1500 full)")
+    ap.add_argument("--folds", type=int, default=3, help="K of the K-fold split (default 3)")
+    ap.add_argument("--epochs", type=int, default=None, help="metanetwork epochs (default 15 quick, 30 full)")
+    ap.add_argument("--zoos", default="cnn,cnn-fixed", help="comma-separated zoo kinds")
+    ap.add_argument("--models", default=",".join(METANETS), help="metanetworks to train (ngnn,ngt)")
+    ap.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    n = args.n or (1500 if args.full else 400)
+    epochs = args.epochs or (30 if args.full else 15)
+    started = time.perf_counter()
+    tables = []
+    for kind in args.zoos.split(","):
+        cat = zoo_catalog(kind, n)
+        print(f"{kind}: {n}-model zoo, {args.folds} folds, {epochs} epochs", flush=True)
+        per_fold = []
+        for fold in range(args.folds):
+            runs = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=(i == 0))
+                    for i, model in enumerate(args.models.split(","))]
+            per_fold.append(test_predictions(cat, runs))
+        table = summarise(kind, per_fold, args.resamples)
+        print("\n".join(table) + "\n", flush=True)
+        tables += table + [""]
+    print("\n" + "\n".join(tables))
+    print(f"{time.perf_counter() - started:.0f}s in all  (* = interval excludes 0)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
