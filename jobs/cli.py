@@ -262,6 +262,7 @@ def layer_equivariance(catalog, where, transforms, samples, seed, noise_std, fmt
     warning = report.store_warning or warning
     if warning:
         click.echo(f"graph store not updated: {warning} (run `graphstore sync` later)", err=True)
+        sys.exit(1)                     # the rows are in Parquet; the graph store is behind: not a success
 
 
 @main.command()
