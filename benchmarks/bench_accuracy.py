@@ -36,11 +36,30 @@ METANETS = ("ngnn", "ngt")
 STATNNS = ("statnn", "statnn_mlp")
 
 
-def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: int, baselines: bool) -> str:
+def overrides(pairs: list[str]) -> dict:
+    """``--set key=value`` pairs as TrainConfig fields (a lever of the recipe, e.g. layers=5)."""
+    from dataclasses import fields
+
+    from jobs.train import TrainConfig
+
+    types = {f.name: f.type for f in fields(TrainConfig)}
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key not in types:
+            raise SystemExit(f"--set {pair}: TrainConfig has no field {key!r}; fields: {', '.join(sorted(types))}")
+        kind = types[key] if isinstance(types[key], str) else types[key].__name__
+        out[key] = (value.lower() in ("1", "true", "yes") if kind == "bool" else int(value) if kind == "int"
+                    else float(value) if kind == "float" else value)
+    return out
+
+
+def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: int, baselines: bool,
+             lever: dict | None = None) -> str:
     from jobs.train import TrainConfig, train_heterognn
 
-    cfg = TrainConfig(folds=folds, fold=fold, epochs=epochs, patience=max(5, epochs // 3), seed=seed, model=model,
-                      baselines=baselines)
+    settings = {"epochs": epochs, "patience": max(5, epochs // 3), **(lever or {})}
+    cfg = TrainConfig(folds=folds, fold=fold, seed=seed, model=model, baselines=baselines, **settings)
     t = time.perf_counter()
     report = train_heterognn(cat, cfg, progress=False)
     taus = "  ".join(f"{k} {v.get('kendall_tau', float('nan')):.3f}" for k, v in report.metrics.items())
@@ -105,9 +124,14 @@ def main(argv=None) -> None:
     ap.add_argument("--models", default=",".join(METANETS), help="metanetworks to train (ngnn,ngt)")
     ap.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", dest="lever", action="append", default=[], metavar="KEY=VALUE",
+                    help="a TrainConfig field for the metanetworks (a recipe lever), e.g. --set layers=5; repeatable")
     args = ap.parse_args(argv)
     n = args.n or (1500 if args.full else 400)
     epochs = args.epochs or (30 if args.full else 15)
+    lever = overrides(args.lever)
+    if lever:
+        print("recipe levers: " + ", ".join(f"{k}={v}" for k, v in lever.items()), flush=True)
     started = time.perf_counter()
     tables = []
     for kind in args.zoos.split(","):
@@ -115,7 +139,7 @@ def main(argv=None) -> None:
         print(f"{kind}: {n}-model zoo, {args.folds} folds, {epochs} epochs", flush=True)
         per_fold = []
         for fold in range(args.folds):
-            runs = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=(i == 0))
+            runs = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=(i == 0), lever=lever)
                     for i, model in enumerate(args.models.split(","))]
             per_fold.append(test_predictions(cat, runs))
         table = summarise(kind, per_fold, args.resamples)

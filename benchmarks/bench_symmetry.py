@@ -11,13 +11,15 @@ random per-neuron rescalings U[1, 10] and U[1, 10^3] of them (the same rescaling
     .venv/bin/python benchmarks/bench_symmetry.py            # quick: 400-model zoos, 1 seed (~15 min)
     .venv/bin/python benchmarks/bench_symmetry.py --full     # 1,500-model zoos, 3 seeds (< 2 h)
 
-Seeds change the metanetworks' initialisation and training order, not the split (the zoo's hash
-split); the spread printed is over seeds. Zoos are made with ``pipeline zoo make`` into
+Every ReLU model is a test model once: K folds by hash of model_id (``--folds``, default 3);
+seeds change the metanetworks' initialisation and training order; the spread printed is over
+folds and seeds. Zoos are made with ``pipeline zoo make`` into
 /tmp/zoograph-bench and reused.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -31,15 +33,16 @@ VARIANTS = {"ngnn": {}, "ngnn+canonical": {"canonical": True}, "ngnn+quasi": {"q
             "ngnn+augment": {"scale_augment": 1000.0}}
 
 
-def run_variant(cat: Path, variant: str, seed: int, epochs: int, baselines: bool) -> dict:
+def run_variant(cat: Path, variant: str, seed: int, epochs: int, baselines: bool, folds: int = 0,
+                fold: int = 0) -> dict:
     from jobs.train import TrainConfig, train_heterognn
 
     cfg = TrainConfig(where="activation = 'relu'", epochs=epochs, patience=max(4, epochs // 3), seed=seed,
-                      rescale_test=SCALES, baselines=baselines, **VARIANTS[variant])
+                      rescale_test=SCALES, baselines=baselines, folds=folds, fold=fold, **VARIANTS[variant])
     t = time.perf_counter()
     report = train_heterognn(cat, cfg, progress=False)
     taus = {k: v.get("kendall_tau", float("nan")) for k, v in report.metrics.items()}
-    print(f"  {variant:15s} seed {seed}: " + "  ".join(f"{k} {v:.3f}" for k, v in taus.items()
+    print(f"  {variant:15s} seed {seed} fold {fold}: " + "  ".join(f"{k} {v:.3f}" for k, v in taus.items()
                                                        if k.startswith(("ngnn", "statnn")))
           + f"   ({time.perf_counter() - t:.0f}s, {report.n_models['test']} test models)", flush=True)
     return {"taus": taus, "n_test": report.n_models["test"]}
@@ -52,6 +55,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, default=None, help="seeds per method (default 1 quick, 3 full)")
     ap.add_argument("--epochs", type=int, default=None, help="NG-GNN epochs (default 20 quick, 40 full)")
     ap.add_argument("--zoos", default="cnn-fixed,cnn", help="comma-separated zoo kinds")
+    ap.add_argument("--folds", type=int, default=3,
+                    help="K-fold splits (every ReLU model tested once); 0 = the zoo's hash split")
     args = ap.parse_args(argv)
     n = args.n or (1500 if args.full else 400)
     seeds = args.seeds or (3 if args.full else 1)
@@ -63,17 +68,18 @@ def main(argv=None) -> None:
         cat = zoo_catalog(kind, n)
         print(f"{kind}: ReLU models of a {n}-model zoo", flush=True)
         for variant in VARIANTS:
-            for seed in range(seeds):
-                res = run_variant(cat, variant, seed, epochs, baselines=(variant == "ngnn"))
-                n_test[kind] = res["n_test"]
+            for seed, fold in itertools.product(range(seeds), range(max(1, args.folds))):
+                res = run_variant(cat, variant, seed, epochs, baselines=(variant == "ngnn"), folds=args.folds,
+                                  fold=fold)
+                n_test[kind] = n_test.get(kind, 0) + (res["n_test"] if seed == 0 and variant == "ngnn" else 0)
                 for key, tau in res["taus"].items():
                     method, _, scale = key.partition("@")
-                    if method == "flat_mlp":
+                    if method in ("flat_mlp", "statnn_mlp"):
                         continue
                     name = variant if method == "ngnn" else method
                     table.setdefault(name, {}).setdefault(f"{kind} {scale or 'clean'}", []).append(tau)
     cols = [f"{kind} {s}" for kind in args.zoos.split(",") for s in ("clean", *(f"x{m:g}" for m in SCALES))]
-    print(f"\ntest Kendall tau, mean ± sd over {seeds} seed(s); test models: "
+    print(f"\ntest Kendall tau, mean ± sd over {seeds} seed(s) x {max(1, args.folds)} fold(s); test models in all: "
           + ", ".join(f"{k} {v}" for k, v in n_test.items()))
     print(f"{'method':16s}" + "".join(f"{c:>18s}" for c in cols))
     for name in ("statnn", *VARIANTS):
