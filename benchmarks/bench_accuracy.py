@@ -68,34 +68,40 @@ def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: in
     return report.run_id
 
 
-def test_predictions(cat: Path, run_ids: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """method -> (targets, predictions) on the test models of these runs (one fold), same model order."""
+def test_predictions(cat: Path, run_ids: list[str]) -> dict[str, dict[str, tuple[float, float]]]:
+    """method -> {model_id: (target, prediction)} on the test models of these runs (one fold)."""
     from graphstore import duck
 
     con = duck.connect(cat, ["models", "predictions"])
     rows = con.execute(
         "SELECT p.method, p.model_id, m.test_accuracy, p.predicted FROM predictions p JOIN models m USING (model_id) "
         f"WHERE p.split = 'test' AND p.run_id IN ({', '.join('?' * len(run_ids))}) AND p.predicted IS NOT NULL "
-        "ORDER BY p.method, p.model_id", run_ids).fetchall()
+        "AND NOT isnan(p.predicted)", run_ids).fetchall()
     con.close()
-    out: dict[str, tuple[list, list]] = {}
-    for method, _, y, p in rows:
-        ys, ps = out.setdefault(method, ([], []))
-        ys.append(y)
-        ps.append(p)
-    return {m: (np.array(y, float), np.array(p, float)) for m, (y, p) in out.items()}
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for method, model_id, y, p in rows:
+        out.setdefault(method, {})[model_id] = (y, p)
+    return out
 
 
-def summarise(kind: str, per_fold: list[dict[str, tuple[np.ndarray, np.ndarray]]], resamples: int) -> list[str]:
+def _arrays(preds: dict[str, tuple[float, float]], ids=None) -> tuple[np.ndarray, np.ndarray]:
+    ids = sorted(preds) if ids is None else ids
+    return np.array([preds[i][0] for i in ids], float), np.array([preds[i][1] for i in ids], float)
+
+
+def summarise(kind: str, per_fold: list[dict[str, dict]], resamples: int) -> list[str]:
     from sklearn.metrics import mean_absolute_error, r2_score
 
     from jobs.compare import kendall_tau, paired_bootstrap
 
-    methods = [m for m in (*METANETS, *STATNNS, "flat_mlp") if all(m in f for f in per_fold)]
-    score = {m: {"tau": [kendall_tau(*f[m]) for f in per_fold], "r2": [r2_score(*f[m]) for f in per_fold],
-                 "mae": [mean_absolute_error(*f[m]) for f in per_fold]} for m in methods}
+    methods = [m for m in (*METANETS, *STATNNS, "flat_mlp") if all(len(f.get(m, ())) >= 2 for f in per_fold)]
+    score = {}
+    for m in methods:
+        arrays = [_arrays(f[m]) for f in per_fold]
+        score[m] = {"tau": [kendall_tau(*a) for a in arrays], "r2": [r2_score(*a) for a in arrays],
+                    "mae": [mean_absolute_error(*a) for a in arrays]}
     best = max((m for m in STATNNS if m in score), key=lambda m: np.mean(score[m]["tau"]))
-    n_test = [len(f[methods[0]][0]) for f in per_fold]
+    n_test = [len(f[best]) for f in per_fold]
     lines = [f"{kind}: {len(per_fold)} folds, test models per fold {n_test}; paired difference to {best} "
              "(the stronger StatNN), bootstrap 95% interval",
              f"  {'method':11s} {'tau mean ± sd':>16s} {'R^2 mean ± sd':>16s} {'MAE mean ± sd':>16s}"
@@ -104,11 +110,11 @@ def summarise(kind: str, per_fold: list[dict[str, tuple[np.ndarray, np.ndarray]]
         cells = [f"{np.mean(score[m][k]):.3f} ± {np.std(score[m][k]):.3f}" for k in ("tau", "r2", "mae")]
         if m == best:
             diff = "-"
-        else:
-            for f in per_fold:      # both methods scored on the same test models, in the same order
-                assert np.array_equal(f[m][0], f[best][0])
-            d = paired_bootstrap([f[m][0] for f in per_fold], [f[m][1] for f in per_fold],
-                                 [f[best][1] for f in per_fold], resamples=resamples)
+        else:       # paired: both methods on the test models both predicted (all of them but for flat_mlp)
+            pairs = [(_arrays(f[m], ids), _arrays(f[best], ids)) for f in per_fold
+                     for ids in [sorted(set(f[m]) & set(f[best]))]]
+            d = paired_bootstrap([a[0] for a, _ in pairs], [a[1] for a, _ in pairs], [b[1] for _, b in pairs],
+                                 resamples=resamples)
             diff = f"{d}" + (" *" if d.significant else "")
         lines.append(f"  {m:11s} " + " ".join(f"{c:>16s}" for c in cells) + f"   {diff:>28s}")
     return lines
