@@ -80,12 +80,15 @@ def _device_option(fn):
                    "NG-GNN's output node and edge features; its parameter overhead is printed.")
 @click.option("--quasi-eps", type=click.FloatRange(min=0.0, max=0.99), default=0.1, show_default=True,
               help="eps of the quasi-equivariant factors 1 + eps*sin(.).")
+@click.option("--readout-outputs", type=click.IntRange(min=0), default=0, show_default=True, metavar="K",
+              help="Also read the embeddings of output neurons 0..K-1, in order, beside the mean/max readout "
+                   "(invariant: output neurons are never permuted). 0 = off.")
 @_device_option
 @store_options
 @translate_errors
 def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold, epochs, batch_size, lr, hidden,
                         layers, probes, ensemble, patience, seed, loader_workers, no_baselines, canonical, scale_augment,
-                        rescale_test, metanet, quasi, quasi_eps, device, neo4j_uri, neo4j_user, neo4j_password):
+                        rescale_test, metanet, quasi, quasi_eps, readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
     """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
     metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings.
 
@@ -103,7 +106,7 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold,
                       seed=seed,
                       device=device, loader_workers=loader_workers, baselines=not no_baselines, canonical=canonical,
                       scale_augment=scale_augment, rescale_test=rescale_test, quasi=quasi, quasi_eps=quasi_eps,
-                      model=metanet)
+                      model=metanet, readout_outputs=readout_outputs)
     main_rank = int(os.environ.get("RANK", "0")) == 0      # under torchrun, rank 0 writes and reports
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=main_rank) as (store, warning):
         report = train_heterognn(root, cfg, store=store)

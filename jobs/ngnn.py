@@ -40,6 +40,7 @@ class NGGNNConfig:
     quasi_eps: float = 0.1
     kind: str = "ngnn"           # which metanetwork (jobs.metanets): ngnn | ngt
     heads: int = 4               # attention heads (ngt)
+    readout_outputs: int = 0     # K > 0: the readout also holds the embeddings of output neurons 0..K-1, in order
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -178,7 +179,8 @@ class NGGNN(nn.Module):
         self.rel_emb = nn.ParameterDict({_key(e): nn.Parameter(torch.zeros(cfg.edge_hidden)) for e in cfg.etypes})
         self.layers = nn.ModuleList(RelationalPNALayer(cfg.etypes, H, cfg.edge_hidden) for _ in range(cfg.layers))
         self.forward_etypes = [e for e in cfg.etypes if not e[1].startswith("rev_")]
-        self.readout_dim = 2 * H * len(NODE_TYPES) + cfg.edge_hidden * len(self.forward_etypes)
+        self.readout_dim = (2 * H * len(NODE_TYPES) + cfg.edge_hidden * len(self.forward_etypes)
+                            + H * cfg.readout_outputs)
         self.head = nn.Sequential(nn.Linear(self.readout_dim, H), nn.SiLU(), nn.Dropout(cfg.dropout),
                                   nn.Linear(H, cfg.out_dim))
         self.quasi = QuasiScaling(cfg.quasi_eps, max_layers=cfg.max_layers) if cfg.quasi else None
@@ -237,7 +239,22 @@ class NGGNN(nn.Module):
                 total = dgl.readout_edges(g, "e_out", etype=et, op="sum")
                 count = g.batch_num_edges(et).clamp(min=1).unsqueeze(-1).to(total.dtype)
                 parts.append(total / count)
+        if self.cfg.readout_outputs:
+            parts.append(self.output_readout(g, h["output"]))
         return torch.cat(parts, -1)
+
+    def output_readout(self, g, h_out: torch.Tensor) -> torch.Tensor:
+        """(B, K*hidden): the embeddings of output neurons 0..K-1 of every graph, by position (zeros
+        where a network has fewer). Output neurons are never permuted, so this stays invariant; it
+        gives the head what the network finally computes, which a mean over nodes dilutes."""
+        K, H = self.cfg.readout_outputs, self.cfg.hidden
+        counts = g.batch_num_nodes("output")
+        graph_of = torch.repeat_interleave(torch.arange(len(counts), device=h_out.device), counts)
+        pos = g.nodes["output"].data["position"].long()
+        keep = pos < K
+        dense = h_out.new_zeros(len(counts), K, H)
+        dense[graph_of[keep], pos[keep]] = h_out[keep]
+        return dense.reshape(len(counts), K * H)
 
     def forward(self, g) -> tuple[torch.Tensor, torch.Tensor]:
         z = self.embed(g)

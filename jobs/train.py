@@ -68,6 +68,7 @@ class TrainConfig:
     model: str = "ngnn"                # the metanetwork (jobs.metanets): ngnn | ngt
     quasi: bool = False                # NG-GNN with the quasi-equivariant scaling layer (jobs.quasi)
     quasi_eps: float = 0.1
+    readout_outputs: int = 0           # K > 0: the readout also reads output neurons 0..K-1 (jobs.ngnn)
 
 
 @dataclass
@@ -264,7 +265,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     out_dim = 1 if sel.task == "regression" else len(sel.classes)
     mcfg = NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=out_dim, hidden=cfg.hidden,
                        edge_hidden=cfg.edge_hidden, layers=cfg.layers, dropout=cfg.dropout, probes=cfg.probes,
-                       quasi=cfg.quasi, quasi_eps=cfg.quasi_eps, kind=cfg.model)
+                       quasi=cfg.quasi, quasi_eps=cfg.quasi_eps, kind=cfg.model,
+                       readout_outputs=cfg.readout_outputs)
     models, history, epochs_run = [], [], 0
     for k in range(cfg.ensemble):
         model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, mean, std, device,
