@@ -80,9 +80,9 @@ def _device_option(fn):
                    "NG-GNN's output node and edge features; its parameter overhead is printed.")
 @click.option("--quasi-eps", type=click.FloatRange(min=0.0, max=0.99), default=0.1, show_default=True,
               help="eps of the quasi-equivariant factors 1 + eps*sin(.).")
-@click.option("--readout-outputs", type=click.IntRange(min=0), default=0, show_default=True, metavar="K",
+@click.option("--readout-outputs", type=click.IntRange(min=0), default=10, show_default=True, metavar="K",
               help="Also read the embeddings of output neurons 0..K-1, in order, beside the mean/max readout "
-                   "(invariant: output neurons are never permuted). 0 = off.")
+                   "(invariant: output neurons are never permuted; zeros where a network has fewer). 0 = off.")
 @_device_option
 @store_options
 @translate_errors

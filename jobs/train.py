@@ -68,7 +68,8 @@ class TrainConfig:
     model: str = "ngnn"                # the metanetwork (jobs.metanets): ngnn | ngt
     quasi: bool = False                # NG-GNN with the quasi-equivariant scaling layer (jobs.quasi)
     quasi_eps: float = 0.1
-    readout_outputs: int = 0           # K > 0: the readout also reads output neurons 0..K-1 (jobs.ngnn)
+    readout_outputs: int = 10          # the readout also reads output neurons 0..K-1 (jobs.ngnn); 0 = off.
+                                       # bench_accuracy (quick, 3 folds): NG-GNN tau +0.019 diverse, +0.004 fixed
 
 
 @dataclass
