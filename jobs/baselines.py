@@ -158,17 +158,25 @@ def _val_score(task: str, y: np.ndarray, p: np.ndarray) -> float:
     return float(np.mean(y == p))
 
 
-def run_statnn(con, sel: Selection, seed: int = 0, learner: str = "gbt", shape: bool | None = None) -> BaselineResult:
+def statnn_inputs(con, sel: Selection, shape: bool | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The per-layer statistics of the selected models and, with ``shape`` (default: when the
+    selection holds more than one architecture), their shape descriptors; computed once, shared by
+    every StatNN learner of a run."""
+    shape = len(set(sel.architectures)) > 1 if shape is None else shape
+    return statnn_features(con, sel.model_ids), (shape_features(con, sel.model_ids) if shape else None)
+
+
+def run_statnn(con, sel: Selection, seed: int = 0, learner: str = "gbt", shape: bool | None = None,
+               inputs: tuple[np.ndarray, np.ndarray | None] | None = None) -> BaselineResult:
     """StatNN with ``learner`` (gbt | mlp), hyperparameters chosen on the validation split, then fitted
     on the training split. ``shape``: append shape descriptors (default: when the selection holds
-    more than one architecture)."""
+    more than one architecture); ``inputs``: ``statnn_inputs`` already computed."""
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
 
-    stats = statnn_features(con, sel.model_ids)
-    shape = len(set(sel.architectures)) > 1 if shape is None else shape
-    shp = shape_features(con, sel.model_ids) if shape else None
+    stats, shp = inputs if inputs is not None else statnn_inputs(con, sel, shape)
+    shape = shp is not None
     x = stats if shp is None else np.hstack([stats, shp])
     train, val = sel.mask("train"), sel.mask("val")
     # columns that (almost) no training model has, or that never vary, carry no signal and break the binning

@@ -26,7 +26,8 @@ from tqdm import tqdm
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
 from graphstore.schema import EMBEDDINGS, PREDICTIONS, RUNS
-from jobs.baselines import run_flat_mlp, run_statnn
+from jobs.baselines import run_flat_mlp, run_statnn, statnn_inputs
+from jobs.compare import kendall_tau
 from jobs.distributed import (DistContext, barrier, broadcast, gather_rows, init_from_env, local_batch_size,
                               shard)
 from jobs.data import (GraphList, GraphStream, LayerStats, Selection, layer_stats, layer_stats_of_graphs,
@@ -103,7 +104,6 @@ class RunReport:
 
 def metrics_for(task: str, y: np.ndarray, p: np.ndarray) -> dict[str, float]:
     """Kendall tau, R^2, MAE (regression) or accuracy, macro-F1 (classification)."""
-    from scipy.stats import kendalltau
     from sklearn.metrics import accuracy_score, f1_score, mean_absolute_error, r2_score
 
     ok = ~np.isnan(p.astype(float))
@@ -111,8 +111,7 @@ def metrics_for(task: str, y: np.ndarray, p: np.ndarray) -> dict[str, float]:
     if len(y) < 2:
         return {"n": int(len(y))}
     if task == "regression":
-        tau = kendalltau(y, p).statistic
-        return {"kendall_tau": float(tau) if not math.isnan(tau) else 0.0, "r2": float(r2_score(y, p)),
+        return {"kendall_tau": kendall_tau(y, p), "r2": float(r2_score(y, p)),
                 "mae": float(mean_absolute_error(y, p)), "n": int(len(y))}
     p = p.astype(np.int64)
     return {"accuracy": float(accuracy_score(y, p)), "macro_f1": float(f1_score(y, p, average="macro")),
@@ -293,8 +292,9 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
                          history=history)
     baselines_of = {}
     if cfg.baselines:
-        for base in (run_statnn(con, sel, cfg.seed), run_statnn(con, sel, cfg.seed, learner="mlp"),
-                     run_flat_mlp(con, sel, cfg.seed)):
+        inputs = statnn_inputs(con, sel)        # the statistics are read once for both learners
+        for base in (run_statnn(con, sel, cfg.seed, inputs=inputs),
+                     run_statnn(con, sel, cfg.seed, learner="mlp", inputs=inputs), run_flat_mlp(con, sel, cfg.seed)):
             baselines_of[base.name] = base
             results[base.name] = base.predictions
             mask = test & base.applicable

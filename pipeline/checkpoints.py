@@ -55,11 +55,7 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(f"{path}: cannot read state dict: {_first_line(exc)}") from exc
-    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"{path}: not a state dict of tensors")
-    return state
+    return _tensor_dict(path, state)
 
 
 def tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
@@ -79,11 +75,16 @@ def tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(f"{path}: cannot read state dict: {_first_line(exc)}") from exc
+    return {k: tuple(v.shape) for k, v in _tensor_dict(path, state).items()}
+
+
+def _tensor_dict(path: Path, state) -> dict[str, torch.Tensor]:
+    """A loaded checkpoint as a state dict of tensors (unwrapping ``{"state_dict": ...}``), or refused."""
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: not a state dict of tensors")
-    return {k: tuple(v.shape) for k, v in state.items()}
+    return state
 
 
 def sidecar_path(checkpoint: str | Path) -> Path:

@@ -46,6 +46,20 @@ def _zoo(tmp_path, mlp_zoo, name="zoo", rows=None, header=None, n=N):
     return zoo
 
 
+def _zoo_of_rows(zoo, mlp_zoo, rows):
+    """A zoo of exactly the models ``rows`` name, with those rows as its metrics.csv."""
+    zoo.mkdir()
+    for r in rows:
+        stem = r["checkpoint"].rsplit(".", 1)[0]
+        shutil.copy(mlp_zoo / f"{stem}.safetensors", zoo)
+        shutil.copy(mlp_zoo / f"{stem}.json", zoo)
+    with open(zoo / "metrics.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return zoo
+
+
 def _ingest(zoo, cat, *args):
     return CliRunner().invoke(pipeline_cli, ["ingest", str(zoo), "--catalog", str(cat), *args])
 
@@ -82,16 +96,7 @@ def test_one_bad_value_becomes_null_and_the_column_stays_numeric(tmp_path, mlp_z
     text_rows = _plain_rows(mlp_zoo, N + 3)[N:]
     for r in text_rows:
         r["test_accuracy"] = "high"
-    other = tmp_path / "other"
-    other.mkdir()
-    for r in text_rows:
-        stem = r["checkpoint"].rsplit(".", 1)[0]
-        shutil.copy(mlp_zoo / f"{stem}.safetensors", other)
-        shutil.copy(mlp_zoo / f"{stem}.json", other)
-    with open(other / "metrics.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(text_rows[0]))
-        w.writeheader()
-        w.writerows(text_rows)
+    other = _zoo_of_rows(tmp_path / "other", mlp_zoo, text_rows)
     res = _ingest(other, cat, "--no-graph")
     assert res.exit_code == 0, res.output
     assert "'high' is not a number (the catalog's test_accuracy holds numbers)" in res.output
@@ -115,16 +120,7 @@ def test_an_empty_column_does_not_fix_a_type_and_shards_decide_alike(tmp_path, m
     later = _plain_rows(mlp_zoo, N + 2)[N:]
     for r in later:
         r["psnr"] = "31.5"
-    other = tmp_path / "other"
-    other.mkdir()
-    for r in later:
-        stem = r["checkpoint"].rsplit(".", 1)[0]
-        shutil.copy(mlp_zoo / f"{stem}.safetensors", other)
-        shutil.copy(mlp_zoo / f"{stem}.json", other)
-    with open(other / "metrics.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(later[0]))
-        w.writeheader()
-        w.writerows(later)
+    other = _zoo_of_rows(tmp_path / "other", mlp_zoo, later)
     res = _ingest(other, cat, "--no-graph")
     assert res.exit_code == 0 and "WARNING" not in res.output, res.output
     assert _types(cat)["psnr"] == "DOUBLE"
