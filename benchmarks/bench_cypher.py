@@ -14,8 +14,8 @@ from graphstore import duck
 from graphstore.metadata import open_store
 from graphstore.metadata.queries import SUITE
 from graphstore.sync import sync_store
-from pipeline.config import Neo4jSettings
 from pipeline.ingest import ingest_zoo
+from zoocore.config import Neo4jSettings
 
 REPEATS = 30
 

@@ -164,7 +164,7 @@ def kill_during_write_back(catalog, zoo, work, trials, rng, table):
         cat = work / f"kill-train-{t}"
         shutil.copytree(catalog, cat)
         k = rng.randint(1, 5)      # artifacts: metanet-0.pt, metanet.json; results: runs, predictions, embeddings
-        proc = run([PY, "-c", KILL_IN_WRITE_BACK, "train-heterognn", "--catalog", str(cat), *tiny],
+        run([PY, "-c", KILL_IN_WRITE_BACK, "train-heterognn", "--catalog", str(cat), *tiny],
                    env={**ENV, "KILL_AFTER": str(k)})
         check = run([PY, "-c", r"""
 import json, sys

@@ -36,8 +36,8 @@ import pyarrow.parquet as pq
 
 from graphstore.lease import LEASE, LocalLease, local_abandoned, remote_abandoned, remote_lease_bytes
 from graphstore.schema import RESULT_RELATIONS
-from pipeline.config import is_url
-from pipeline.errors import CatalogError
+from zoocore.config import is_url
+from zoocore.errors import CatalogError
 
 ROW_GROUP_ROWS = {"edges": 262_144, "nodes": 262_144, "layers": 65_536}
 

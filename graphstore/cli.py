@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli_common import (FORMATS, catalog_option, echo_err, existing_catalog, format_rows,
-                                 open_store_from_options, parse_params, store_options, timeout_option,
-                                 translate_errors)
+from graphstore.options import existing_catalog, open_store_from_options, store_options
+from zoocore.cli import FORMATS, catalog_option, echo_err, format_rows, parse_params, timeout_option, translate_errors
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

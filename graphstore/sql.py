@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from graphstore import duck
 from graphstore.catalog import Catalog
-from pipeline.errors import CatalogError, QueryRefused, QueryTimeout
+from zoocore.errors import CatalogError, QueryRefused, QueryTimeout
 
 ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 DEFAULT_TIMEOUT = 60.0

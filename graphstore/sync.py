@@ -14,7 +14,7 @@ import pyarrow as pa
 from graphstore import duck
 from graphstore.catalog import Catalog
 from graphstore.metadata.base import _SKIP_MODEL, MetadataStore, batches, check_property
-from pipeline.errors import StoreError
+from zoocore.errors import StoreError
 
 ONE_MODEL_PER_ARCHITECTURE = (
     "SELECT l.*, r.architecture_id FROM layers l JOIN "

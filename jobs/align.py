@@ -21,9 +21,9 @@ from typing import Callable
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from pipeline.errors import JobError
 from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.symmetry import tied_layer_classes
+from zoocore.errors import JobError
 
 METHODS = ("embeddings", "activations", "weights")
 

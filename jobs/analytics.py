@@ -15,7 +15,7 @@ from graphstore import duck
 from graphstore.catalog import Catalog
 from graphstore.schema import SIMILAR
 from jobs.data import hash_split
-from pipeline.errors import JobError
+from zoocore.errors import JobError
 
 RUN_EMBEDDINGS = (
     "SELECT model_id, arg_max(vector, run_id) AS vector FROM embeddings "

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -19,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from jobs.data import Selection
+from jobs.tasks import task_named
 
 QUANTILES = [0.0, 0.25, 0.5, 0.75, 1.0]
 STAT_NAMES = ["mean", "var"] + [f"q{int(q * 100)}" for q in QUANTILES]
@@ -138,9 +140,9 @@ def _estimator(learner: str, task: str, params: dict, n_train: int, seed: int):
     if learner == "gbt":
         # the default leaf of 20 samples leaves a small zoo no split at all (a constant prediction)
         leaf = int(min(20, max(2, n_train // 10)))
-        cls = HistGradientBoostingRegressor if task == "regression" else HistGradientBoostingClassifier
+        cls = HistGradientBoostingRegressor if task_named(task).numeric else HistGradientBoostingClassifier
         return cls(max_iter=300, min_samples_leaf=leaf, random_state=seed, **params)
-    cls = MLPRegressor if task == "regression" else MLPClassifier
+    cls = MLPRegressor if task_named(task).numeric else MLPClassifier
     # missing layers (shallower models) become 0 plus an indicator column, then standardised
     return make_pipeline(SimpleImputer(strategy="constant", fill_value=0.0, add_indicator=True), StandardScaler(),
                          cls(learning_rate_init=1e-3, max_iter=500, early_stopping=n_train >= 50,
@@ -148,14 +150,10 @@ def _estimator(learner: str, task: str, params: dict, n_train: int, seed: int):
 
 
 def _val_score(task: str, y: np.ndarray, p: np.ndarray) -> float:
-    if len(y) < 2:
-        return 0.0
-    if task == "regression":
-        from scipy.stats import kendalltau
-
-        tau = kendalltau(y, p).statistic
-        return -1.0 if np.isnan(tau) else float(tau)
-    return float(np.mean(y == p))
+    """The task's selection metric on the validation split (-1 when it cannot be computed)."""
+    t = task_named(task)
+    score = t.score(t.metrics(y, p))
+    return score if math.isfinite(score) else -1.0
 
 
 def statnn_inputs(con, sel: Selection, shape: bool | None = None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -242,7 +240,7 @@ def run_flat_mlp(con, sel: Selection, seed: int = 0) -> BaselineResult:
                               f"only {int(train.sum())} training models share one architecture")
     scaler = StandardScaler().fit(x[train])
     xs = np.nan_to_num(scaler.transform(x))
-    cls = MLPRegressor if sel.task == "regression" else MLPClassifier
+    cls = MLPRegressor if task_named(sel.task).numeric else MLPClassifier
     est = cls(hidden_layer_sizes=(128, 64), alpha=1e-3, max_iter=500, early_stopping=train.sum() >= 20,
               random_state=seed)
     est.fit(xs[train], sel.targets[idx][train])

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from graphstore.graph_codec import read_graphs
-from pipeline.errors import JobError
+from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan
 from pipeline.spec import build_module
+from zoocore.errors import JobError
 
 MODEL_ROW = ("SELECT m.model_id, m.architecture_id, m.checkpoint, m.metadata_json, a.plan_json, a.spec_json "
              "FROM models m JOIN architectures a USING (architecture_id) WHERE m.model_id = ?")

@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from pipeline.cli_common import (catalog_option, existing_catalog, format_rows, open_store_from_options,
-                                 optional_store, store_options, translate_errors)
+from graphstore.options import existing_catalog, open_store_from_options, optional_store, store_options
+from zoocore.cli import catalog_option, format_rows, translate_errors
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -173,7 +173,7 @@ def classify(run_id, target, png, catalog):
     column: accuracy, macro-F1 and a confusion matrix, i.e. how well an embedding trained for
     one task transfers to another."""
     from jobs.analytics import classify as run_classify
-    from pipeline.config import catalog_dir
+    from zoocore.config import catalog_dir
 
     res = run_classify(catalog_dir(catalog), run_id, target, png or f"confusion-{target}.png")
     click.echo(res.summary())
@@ -253,7 +253,7 @@ def layer_equivariance(catalog, where, transforms, samples, seed, noise_std, fmt
 
     and the errors to the graph store as model properties equivariance_<transform>_f<i>."""
     from jobs.layer_equivariance import analyse_catalog
-    from pipeline.config import catalog_dir
+    from zoocore.config import catalog_dir
 
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password) as (store, warning):
         report = analyse_catalog(catalog_dir(catalog), where, transforms, samples, seed, store=store, progress=True,

@@ -16,11 +16,12 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from graphstore.graph_codec import ids_table, read_graphs, read_plans
 from graphstore.sql import run_readonly
-from pipeline.neural_graph.heterograph import CanonicalEtype, build_heterograph, reframe, with_reverses
-from pipeline.errors import JobError, QueryRefused, ZooGraphError
+from pipeline.graph_codec import ids_table, read_graphs, read_plans
 from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS, NeuralGraph
+from pipeline.neural_graph.heterograph import CanonicalEtype, build_heterograph, reframe, with_reverses
+from jobs.tasks import task_named
+from zoocore.errors import JobError, QueryRefused, ZooGraphError
 
 SPLITS = ("train", "val", "test")
 
@@ -108,19 +109,7 @@ def select_models(con, target: str | None, where: str | None = None, task: str =
     if task == "auto":
         ctype = cols.get(target, "VARCHAR") if target else "DOUBLE"
         task = "regression" if any(t in ctype for t in ("DOUBLE", "FLOAT", "INT", "DECIMAL")) else "classification"
-    values = [r[4] for r in rows]
-    if task == "regression":
-        targets = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
-        class_list: list[str] = []
-    else:
-        labels = [None if v is None else _label(v) for v in values]
-        class_list = list(classes) if classes else sorted({lab for lab in labels if lab is not None})
-        index = {c: i for i, c in enumerate(class_list)}
-        targets = np.array([index.get(lab, -1) if lab is not None else -1 for lab in labels], dtype=np.int64)
-        if not classes and len(class_list) < 2:
-            raise JobError(f"{target!r} has {'a single class ' + repr(class_list[0]) if class_list else 'no values'} "
-                           f"among the {len(rows)} selected models: there is nothing to classify (widen --where, "
-                           "or choose a --target with at least two values)")
+    targets, class_list = task_named(task).read_targets([r[4] for r in rows], classes, target)
     if split_column:
         splits = np.array([str(r[5]) if r[5] is not None else hash_split(r[0]) for r in rows])
         bad = set(splits) - set(SPLITS)
@@ -148,12 +137,6 @@ def _run_where(catalog, query: str, where: str) -> list[tuple]:
     except ZooGraphError as exc:
         raise JobError(f"cannot select models with --where {where!r}: {exc}") from exc
     return list(zip(*(col.to_pylist() for col in table.columns)))
-
-
-def _label(v) -> str:
-    if isinstance(v, float) and v.is_integer():
-        return str(int(v))
-    return str(v)
 
 
 def edge_types(con, ids: Sequence[str]) -> list[CanonicalEtype]:

@@ -9,9 +9,9 @@ from graphstore import duck
 from graphstore.catalog import Catalog
 from graphstore.metadata import open_store
 from jobs.train import RunReport, TrainConfig, train_heterognn
-from pipeline.errors import ZooGraphError
 from pipeline.ingest import IngestReport, ingest_zoo
 from pipeline.zoo.make import ZooReport, make_zoo
+from zoocore.errors import ZooGraphError
 
 PREDICTED_VS_TRUE = (
     "SELECT m.checkpoint, round(m.test_accuracy, 3) AS true_accuracy, round(p.predicted, 3) AS predicted "

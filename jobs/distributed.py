@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipeline.errors import JobError
+from zoocore.errors import JobError
 
 
 @dataclass

@@ -53,9 +53,9 @@ from graphstore.catalog import Catalog, now_utc
 from graphstore.schema import LAYER_EQUIVARIANCE
 from jobs.catalog_models import load_model
 from jobs.data import select_models
-from pipeline.errors import JobError
 from pipeline.spec import build_module
 from pipeline.zoo.transforms import NOISE_STD, check_transform, noise, transform_index
+from zoocore.errors import JobError
 
 _MLP_LAYERS = {"linear", "activation", "dropout", "flatten"}
 

@@ -23,7 +23,7 @@ from graphstore import duck
 from graphstore.catalog import Catalog
 from jobs.align import METHODS, activation_matching, check_same_architecture, embedding_matching, weight_matching
 from jobs.catalog_models import CatalogModel, load_model
-from pipeline.errors import JobError
+from zoocore.errors import JobError
 
 LATEST_RUN = "SELECT run_id FROM runs WHERE run_id NOT LIKE '%-predict-%' ORDER BY created_at DESC"
 
@@ -84,7 +84,7 @@ class Evaluator:
     """Test accuracy / loss of state dicts of one architecture on the models' own data."""
 
     def __init__(self, model: CatalogModel, device: str = "cpu"):
-        from pipeline.zoo.kinds import evaluation_data
+        from pipeline.datasets import evaluation_data
 
         self.model, self.device = model, torch.device(device)
         try:

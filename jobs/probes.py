@@ -66,7 +66,7 @@ class ProbeFeatures(nn.Module):
 
 def check_probe_graph(etypes) -> None:
     """Refuse edge types a scalar forward pass cannot run (conv kernels, norms, attention)."""
-    from pipeline.errors import JobError
+    from zoocore.errors import JobError
 
     bad = sorted({et[1] for et in etypes if not et[1].startswith("rev_")} - _FORWARD)
     if bad:

@@ -27,7 +27,6 @@ from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
 from graphstore.schema import EMBEDDINGS, PREDICTIONS, RUNS
 from jobs.baselines import run_flat_mlp, run_statnn, statnn_inputs
-from jobs.compare import kendall_tau
 from jobs.distributed import (DistContext, barrier, broadcast, gather_rows, init_from_env, local_batch_size,
                               shard)
 from jobs.data import (GraphList, GraphStream, LayerStats, Selection, layer_stats, layer_stats_of_graphs,
@@ -35,7 +34,8 @@ from jobs.data import (GraphList, GraphStream, LayerStats, Selection, layer_stat
 from jobs.metanets import build_metanetwork
 from jobs.ngnn import NGGNN, NGGNNConfig
 from jobs.probes import check_probe_graph
-from pipeline.errors import JobError
+from jobs.tasks import TargetScale, Task, task_named
+from zoocore.errors import JobError
 
 
 @dataclass
@@ -90,7 +90,7 @@ class RunReport:
         lines = [f"run {self.run_id}: {self.task} of {self.target!r} on {self.n_models['train']} train / "
                  f"{self.n_models['val']} val / {self.n_models['test']} test models "
                  f"({self.epochs_run} epochs, {self.seconds:.0f}s)"]
-        keys = ("kendall_tau", "r2", "mae") if self.task == "regression" else ("accuracy", "macro_f1")
+        keys = task_named(self.task).metric_keys
         lines.append(f"  {'method':10s} " + " ".join(f"{k:>12s}" for k in keys) + "   (test split)")
         for method, m in self.metrics.items():
             cells = " ".join(f"{m.get(k, float('nan')):12.4f}" if isinstance(m.get(k), (int, float))
@@ -103,33 +103,12 @@ class RunReport:
 
 
 def metrics_for(task: str, y: np.ndarray, p: np.ndarray) -> dict[str, float]:
-    """Kendall tau, R^2, MAE (regression) or accuracy, macro-F1 (classification)."""
-    from sklearn.metrics import accuracy_score, f1_score, mean_absolute_error, r2_score
-
-    ok = ~np.isnan(p.astype(float))
-    y, p = y[ok], p[ok]
-    if len(y) < 2:
-        return {"n": int(len(y))}
-    if task == "regression":
-        return {"kendall_tau": kendall_tau(y, p), "r2": float(r2_score(y, p)),
-                "mae": float(mean_absolute_error(y, p)), "n": int(len(y))}
-    p = p.astype(np.int64)
-    return {"accuracy": float(accuracy_score(y, p)), "macro_f1": float(f1_score(y, p, average="macro")),
-            "n": int(len(y))}
+    """The task's test metrics: Kendall tau, R^2, MAE (regression) or accuracy, macro-F1 (classification)."""
+    return task_named(task).metrics(y, p)
 
 
 def _batch(graphs, device):
     return dgl.batch(graphs).to(device)
-
-
-def _loss_fn(task: str):
-    return torch.nn.MSELoss() if task == "regression" else torch.nn.CrossEntropyLoss()
-
-
-def _targets(sel: Selection, idx: np.ndarray, mean: float, std: float, device) -> torch.Tensor:
-    if sel.task == "regression":
-        return torch.tensor((sel.targets[idx] - mean) / std, dtype=torch.float32, device=device).unsqueeze(-1)
-    return torch.tensor(sel.targets[idx], dtype=torch.int64, device=device)
 
 
 @torch.no_grad()
@@ -150,18 +129,15 @@ def infer(model: NGGNN, stream: GraphStream, indices, batch_size: int, device,
     return gather_rows(ctx, np.asarray(indices, dtype=np.int64), local, out, emb)
 
 
-def _decode(task: str, out: np.ndarray, mean: float, std: float) -> np.ndarray:
-    return out[:, 0] * std + mean if task == "regression" else out.argmax(1).astype(np.float64)
-
-
 def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, stream: GraphStream, train_idx, val_idx,
-             mean: float, std: float, device, progress: bool, desc: str, ctx: DistContext,
+             scale: TargetScale, device, progress: bool, desc: str, ctx: DistContext,
              train_stream: GraphStream | None = None):
     """Train one metanetwork with early stopping on the validation split (data-parallel under
     torchrun: this rank's shard of every global batch, gradients all-reduced). Training batches
     come from ``train_stream`` (e.g. augmented) when given, validation from ``stream``."""
     train_stream = train_stream or stream
-    loss_fn = _loss_fn(sel.task)
+    task = task_named(sel.task)
+    loss_fn = task.loss()
     torch.manual_seed(seed)
     model = build_metanetwork(mcfg).to(device)
     step_model = model
@@ -181,7 +157,7 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
             if cfg.max_train_batches is not None and b >= cfg.max_train_batches:
                 break
             out, _ = step_model(_batch(graphs, device))
-            loss = loss_fn(out, _targets(sel, idx, mean, std, device))
+            loss = loss_fn(out, task.encode(sel.targets[idx], scale, device))
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
@@ -192,8 +168,7 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
         epochs_run = epoch + 1
         score_idx = val_idx if len(val_idx) >= 2 else train_idx
         out, _ = infer(model, stream, score_idx, cfg.batch_size, device, ctx)
-        m = metrics_for(sel.task, sel.targets[score_idx], _decode(sel.task, out, mean, std))
-        score = m.get("kendall_tau", m.get("accuracy", -math.inf))
+        score = task.score(task.metrics(sel.targets[score_idx], task.decode(out, scale)))
         history.append({"epoch": epoch, "train_loss": total / max(n, 1), "val_score": score})
         bar.set_postfix(loss=f"{total / max(n, 1):.4f}", val=f"{score:.3f}")
         if score > best + 1e-4:
@@ -209,16 +184,11 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
 
 
 def infer_ensemble(models: list[NGGNN], stream: GraphStream, indices, batch_size: int, device,
-                   task: str, ctx: DistContext | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Averaged outputs (regression: mean; classification: log of the mean softmax) and the
-    members' embeddings side by side (still invariant)."""
+                   task: Task, ctx: DistContext | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The members' outputs combined by the task (regression: mean; classification: log of the
+    mean softmax) and their embeddings side by side (still invariant)."""
     outs, embs = zip(*(infer(m, stream, indices, batch_size, device, ctx) for m in models))
-    if task == "regression":
-        out = np.mean(outs, axis=0)
-    else:
-        probs = [np.exp(o - o.max(1, keepdims=True)) for o in outs]
-        out = np.log(np.mean([p / p.sum(1, keepdims=True) for p in probs], axis=0))
-    return out, np.concatenate(embs, axis=1)
+    return task.combine(list(outs)), np.concatenate(embs, axis=1)
 
 
 def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progress: bool = True) -> RunReport:
@@ -235,7 +205,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     counts = {s: int(sel.mask(s).sum()) for s in ("train", "val", "test")}
     if counts["train"] < 2 or counts["test"] < 1:
         raise JobError(f"too few models to train and test: {counts}")
-    if sel.task == "classification":
+    task = task_named(sel.task)
+    if task.name == "classification":
         seen = sorted({sel.classes[i] for i in sel.targets[sel.mask("train")] if i >= 0})
         if len(seen) < 2:
             raise JobError(f"the training split has a single class of {sel.target!r} ({', '.join(seen) or 'none'}): "
@@ -258,29 +229,26 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
                                    seed=cfg.seed)
     train_idx = np.nonzero(sel.mask("train"))[0]
     val_idx = np.nonzero(sel.mask("val"))[0]
-    if sel.task == "regression":
-        mean, std = float(np.mean(sel.targets[train_idx])), float(np.std(sel.targets[train_idx]) or 1.0)
-    else:
-        mean, std = 0.0, 1.0
-    out_dim = 1 if sel.task == "regression" else len(sel.classes)
+    scale = task.fit_scale(sel.targets[train_idx])
+    out_dim = task.output_size(sel.classes)
     mcfg = NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=out_dim, hidden=cfg.hidden,
                        edge_hidden=cfg.edge_hidden, layers=cfg.layers, dropout=cfg.dropout, probes=cfg.probes,
                        quasi=cfg.quasi, quasi_eps=cfg.quasi_eps, kind=cfg.model,
                        readout_outputs=cfg.readout_outputs)
     models, history, epochs_run = [], [], 0
     for k in range(cfg.ensemble):
-        model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, mean, std, device,
+        model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, scale, device,
                                     progress, f"train NG-GNN {k + 1}/{cfg.ensemble}" if cfg.ensemble > 1 else "train NG-GNN",
                                     ctx, train_stream)
         models.append(model)
         history += [dict(h, member=k) for h in hist]
         epochs_run = max(epochs_run, ran)
     all_idx = np.arange(len(sel.model_ids))
-    out, emb = infer_ensemble(models, stream, all_idx, cfg.batch_size, device, sel.task, ctx)
-    pred = _decode(sel.task, out, mean, std)
+    out, emb = infer_ensemble(models, stream, all_idx, cfg.batch_size, device, task, ctx)
+    pred = task.decode(out, scale)
     test = sel.mask("test")
     results = {cfg.model: pred}
-    metrics = {cfg.model: metrics_for(sel.task, sel.targets[test], pred[test])}
+    metrics = {cfg.model: task.metrics(sel.targets[test], pred[test])}
     if cfg.quasi:
         extra, share = models[0].parameter_overhead()
         metrics[cfg.model]["note"] = f"quasi-equivariant scaling: +{extra} parameters (+{100 * share:.1f}%)"
@@ -298,13 +266,13 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
             baselines_of[base.name] = base
             results[base.name] = base.predictions
             mask = test & base.applicable
-            metrics[base.name] = {**metrics_for(sel.task, sel.targets[mask], base.predictions[mask]),
+            metrics[base.name] = {**task.metrics(sel.targets[mask], base.predictions[mask]),
                                   **({"note": base.note} if base.note else {})}
     for max_scale in cfg.rescale_test:
-        metrics.update(score_rescaled(con, models, sel, stats, mean, std, cfg, device, max_scale,
+        metrics.update(score_rescaled(con, models, sel, stats, scale, cfg, device, max_scale,
                                       baselines_of.get("statnn")))
     con.close()
-    artifact = save_metanetwork(catalog, run_id, models, sel, stats, mean, std, cfg)
+    artifact = save_metanetwork(catalog, run_id, models, sel, stats, scale, cfg)
     report = RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
                        artifact=artifact, history=history)
     write_run(catalog, run_id, {**asdict(cfg), "world_size": ctx.world}, sel, results, emb, metrics, artifact)
@@ -336,7 +304,7 @@ def rescaler(max_scale: float):
 
 def read_prepared(con, ids, prepare=None, chunk: int = 256) -> list:
     """The NeuralGraphs of ``ids`` from the catalog, with ``prepare(graph, steps)`` applied."""
-    from graphstore.graph_codec import read_graphs, read_plans
+    from pipeline.graph_codec import read_graphs, read_plans
 
     arch, plans = read_plans(con, ids)
     out = []
@@ -349,7 +317,7 @@ def read_prepared(con, ids, prepare=None, chunk: int = 256) -> list:
 
 def rescaled_test_graphs(con, ids, max_scale: float, seed: int) -> list:
     """Function-preserving random rescalings U[1, max_scale] of ``ids`` (the same ones on every call)."""
-    from graphstore.graph_codec import read_graphs, read_plans
+    from pipeline.graph_codec import read_graphs, read_plans
     from pipeline.neural_graph.symmetry import random_rescaling
 
     arch, plans = read_plans(con, ids)
@@ -357,7 +325,7 @@ def rescaled_test_graphs(con, ids, max_scale: float, seed: int) -> list:
             for k, (m, g) in enumerate(zip(ids, read_graphs(con, list(ids), plans=plans)))]
 
 
-def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, mean: float, std: float,
+def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, scale: TargetScale,
                    cfg: TrainConfig, device, max_scale: float, statnn=None) -> dict[str, dict]:
     """Test metrics of NG-GNN (and of the fitted StatNN) on rescaled copies U[1, max_scale] of the test
     models: ``{"ngnn@xMAX": ..., "statnn@xMAX": ...}``."""
@@ -368,16 +336,17 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     tag = f"@x{max_scale:g}"
     inputs = graphs
     if cfg.canonical:
-        from graphstore.graph_codec import read_plans
+        from pipeline.graph_codec import read_plans
 
         arch, plans = read_plans(con, ids)
         inputs = [canonical_graph(g, plans[arch[m]].steps) for m, g in zip(ids, graphs)]
     listed = GraphList(inputs, sel, stats, raw=bool(cfg.probes))
-    out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, sel.task)
-    metrics = {cfg.model + tag: metrics_for(sel.task, y, _decode(sel.task, out, mean, std))}
+    task = task_named(sel.task)
+    out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, task)
+    metrics = {cfg.model + tag: task.metrics(y, task.decode(out, scale))}
     if statnn is not None and statnn.estimator is not None:
         x = statnn.features_of_graphs(graphs, test_idx)
-        metrics["statnn" + tag] = metrics_for(sel.task, y, statnn.estimator.predict(x).astype(np.float64))
+        metrics["statnn" + tag] = task.metrics(y, statnn.estimator.predict(x).astype(np.float64))
     return metrics
 
 
@@ -387,18 +356,8 @@ def write_back(catalog, store, sel: Selection, pred: np.ndarray, run_id: str) ->
     from graphstore.sync import reconcile_models
 
     reconcile_models(catalog, store, sel.model_ids)
-    store.write_predictions(sel.target, zip(sel.model_ids, _store_values(sel, pred)), run_id)
-
-
-def _store_values(sel: Selection, pred: np.ndarray) -> list:
-    """What the graph store gets: numbers for regression, class labels for classification."""
-    return pred.tolist() if sel.task == "regression" else _label_strings(sel, pred)
-
-
-def _label_strings(sel: Selection, values: np.ndarray) -> list[str | None]:
-    if sel.task == "regression":
-        return [None] * len(values)
-    return [sel.classes[int(v)] if not np.isnan(v) and 0 <= int(v) < len(sel.classes) else None for v in values]
+    values = task_named(sel.task).store_values(pred, sel.classes)
+    store.write_predictions(sel.target, zip(sel.model_ids, values), run_id)
 
 
 def write_run(catalog: Catalog, run_id: str, cfg: TrainConfig | dict, sel: Selection, results: dict[str, np.ndarray],
@@ -411,11 +370,11 @@ def write_run(catalog: Catalog, run_id: str, cfg: TrainConfig | dict, sel: Selec
                      "created_at": [now_utc()]}, schema=RUNS)
     splits = sel.splits if splits is None else splits
     cols: dict[str, list] = {k: [] for k in PREDICTIONS.names}
+    task = task_named(sel.task)
     for method, values in results.items():
-        labels = _label_strings(sel, values)
-        for mid, split, v, lab in zip(sel.model_ids, splits, values, labels):
+        for mid, split, v, lab in zip(sel.model_ids, splits, task.numbers(values), task.labels(values, sel.classes)):
             for k, val in (("run_id", run_id), ("model_id", mid), ("split", str(split)), ("target", sel.target),
-                           ("predicted", None if np.isnan(v) else float(v)), ("predicted_label", lab),
+                           ("predicted", v), ("predicted_label", lab),
                            ("method", method)):
                 cols[k].append(val)
     preds = pa.table(cols, schema=PREDICTIONS)
@@ -428,11 +387,11 @@ def write_run(catalog: Catalog, run_id: str, cfg: TrainConfig | dict, sel: Selec
 
 
 def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Selection, stats: LayerStats,
-                     mean: float, std: float, cfg: TrainConfig):
+                     scale: TargetScale, cfg: TrainConfig):
     """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.pt`` state dict per member and ``metanet.json``,
     committed as one folder (a crash leaves all of them or none)."""
     meta = {"model": models[0].cfg.to_dict(), "members": len(models), "stats": stats.to_dict(),
-            "target_mean": mean, "target_std": std, "task": sel.task, "target": sel.target,
+            "target_mean": scale.mean, "target_std": scale.std, "task": sel.task, "target": sel.target,
             "classes": sel.classes, "frame": list(sel.frame), "train": asdict(cfg)}
     files = {}
     for k, model in enumerate(models):
@@ -492,11 +451,11 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
         check_probe_graph(sel.etypes)
     stream = GraphStream(con, sel, LayerStats.from_dict(meta["stats"]), raw=bool(model.cfg.probes),
                          prepare=canonical_graph if meta.get("train", {}).get("canonical") else None)
-    out, emb = infer_ensemble(models, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device),
-                              meta["task"])
-    pred = _decode(meta["task"], out, meta["target_mean"], meta["target_std"])
-    known = ~np.isnan(sel.targets.astype(float)) if sel.task == "regression" else sel.targets >= 0
-    metrics = metrics_for(sel.task, sel.targets[known], pred[known]) if known.sum() >= 2 else {}
+    task = task_named(meta["task"])
+    out, emb = infer_ensemble(models, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device), task)
+    pred = task.decode(out, TargetScale(meta["target_mean"], meta["target_std"]))
+    known = task.known(sel.targets)
+    metrics = task.metrics(sel.targets[known], pred[known]) if known.sum() >= 2 else {}
     con.close()
     new_run = f"{run_id}-predict-{uuid.uuid4().hex[:6]}"
     kind = meta["model"].get("kind", "ngnn")

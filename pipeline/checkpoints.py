@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import CheckpointError
+from zoocore.errors import CheckpointError
 
 CHECKPOINT_SUFFIXES = (".pt2", ".pt", ".pth", ".safetensors")
 

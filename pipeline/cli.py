@@ -5,8 +5,8 @@ import sys
 
 import click
 
-from pipeline.cli_common import (FORMATS, catalog_option, echo_err, format_rows, optional_store, store_options,
-                                 timeout_option, translate_errors)
+from graphstore.options import optional_store, store_options
+from zoocore.cli import FORMATS, catalog_option, echo_err, format_rows, timeout_option, translate_errors
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -76,7 +76,7 @@ def ingest(zoo_dir, catalog, workers, zoo_name, shard, no_graph, on_bad_value, n
     ingest_errors. Exit code 1 when any checkpoint failed or the graph store could not be brought
     up to date (then run `graphstore sync`).
     """
-    from pipeline.config import catalog_dir
+    from zoocore.config import catalog_dir
     from pipeline.ingest import ingest_zoo, zoo_checkpoints
 
     try:
@@ -140,7 +140,7 @@ def sql(query, catalog, fmt, out, params, timeout, memory_limit):
     outside the catalog cannot be read. A query is stopped after --timeout seconds and refused past
     --memory-limit; Ctrl-C stops it too."""
     from graphstore.sql import run_readonly
-    from pipeline.config import catalog_dir
+    from zoocore.config import catalog_dir
 
     if fmt == "parquet" and not out:
         raise click.BadParameter("--format parquet needs --out FILE", param_hint="--out")

@@ -31,15 +31,15 @@ from tqdm import tqdm
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
 from graphstore.column_types import established_types
-from graphstore.graph_codec import graph_tables
 from graphstore.schema import ARCHITECTURES, INGEST_ERRORS, LAYERS, MODEL_CORE
 from pipeline import checkpoints
-from pipeline.zoo_metadata import ZooMetadata, zoo_metadata
-from pipeline.errors import ZooGraphError
-from pipeline.workers import process_pool
+from pipeline.graph_codec import graph_tables
 from pipeline.neural_graph.convert import PlanCache, convert_checkpoint
 from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan
+from pipeline.workers import process_pool
+from pipeline.zoo_metadata import ZooMetadata, zoo_metadata
+from zoocore.errors import ZooGraphError
 
 
 @dataclass

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.errors import SpecError
+from zoocore.errors import SpecError
 
 SPEC_FORMAT = "zoograph.spec/1"
 

@@ -15,8 +15,8 @@ from typing import Mapping, Sequence
 
 import torch
 
-from pipeline.errors import SpecError
 from pipeline.spec import build_module, spec_hash
+from zoocore.errors import SpecError
 
 MAX_ACTIVATION = 2 ** 26             # elements of one sample's largest activation (256 MB of float32)
 _CACHE: dict[str, "SpecShapes"] = {}

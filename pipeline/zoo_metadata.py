@@ -24,7 +24,7 @@ from typing import Any
 
 from graphstore.column_types import BadValue, ColumnDecision, coerce, column_name, decide_types, type_label
 from pipeline import checkpoints
-from pipeline.errors import ZooGraphError
+from zoocore.errors import ZooGraphError
 
 ON_BAD_VALUE = ("null", "refuse")
 MAX_LISTED = 10

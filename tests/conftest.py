@@ -59,7 +59,7 @@ def catalog_copy(tmp_path, catalog_dir):
 @pytest.fixture(scope="session")
 def neo4j_server():
     from graphstore.neo4j_server import Neo4jServer
-    from pipeline.errors import StoreError
+    from zoocore.errors import StoreError
 
     try:
         server = Neo4jServer().start()
@@ -75,7 +75,7 @@ def neo4j_server():
 
 @pytest.fixture
 def neo4j_settings(neo4j_server):
-    from pipeline.config import Neo4jSettings
+    from zoocore.config import Neo4jSettings
 
     return Neo4jSettings(neo4j_server.uri, None, None)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from graphstore.metadata.base import MetadataStore, QueryResult
-from pipeline.config import Neo4jSettings, embedded_store_dir, neo4j_settings
+from zoocore.config import Neo4jSettings, embedded_store_dir, neo4j_settings
 
 EMBEDDED_NAME = "graph.lbug"
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from graphstore.metadata import queries as Q
-from pipeline.errors import StoreError
+from zoocore.errors import StoreError
 
 PROPERTY_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 BATCH = 500

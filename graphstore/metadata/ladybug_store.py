@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from graphstore.metadata.base import MetadataStore, QueryResult, check_property
-from pipeline.errors import QueryTimeout, StoreError
+from zoocore.errors import QueryTimeout, StoreError
 
 _DDL = [
     "CREATE NODE TABLE IF NOT EXISTS Zoo(name STRING PRIMARY KEY)",

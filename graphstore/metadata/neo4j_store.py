@@ -6,8 +6,8 @@ from typing import Any
 
 from graphstore.metadata import queries as Q
 from graphstore.metadata.base import MetadataStore, QueryResult
-from pipeline.config import Neo4jSettings
-from pipeline.errors import QueryTimeout, StoreError
+from zoocore.config import Neo4jSettings
+from zoocore.errors import QueryTimeout, StoreError
 
 _CONSTRAINTS = [
     "CREATE CONSTRAINT zoo_name IF NOT EXISTS FOR (n:Zoo) REQUIRE n.name IS UNIQUE",

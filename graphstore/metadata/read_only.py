@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.errors import StoreError
+from zoocore.errors import StoreError
 
 REFUSED_CLAUSES = frozenset({
     "CREATE", "MERGE", "DELETE", "DETACH", "SET", "REMOVE", "DROP", "ALTER", "FOREACH", "LOAD", "COPY",

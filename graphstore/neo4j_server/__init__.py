@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.errors import StoreError
+from zoocore.errors import StoreError
 
 VERSION = "5.26.19"
 POM = Path(__file__).with_name("pom.xml")

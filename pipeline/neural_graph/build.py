@@ -10,9 +10,9 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from pipeline.errors import GraphValidationError, SpecError
 from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS, NeuralGraph
 from pipeline.neural_graph.plan import Plan
+from zoocore.errors import GraphValidationError, SpecError
 
 
 def _as_numpy(t) -> np.ndarray:

@@ -7,13 +7,13 @@ from pathlib import Path
 import torch
 
 from pipeline import checkpoints
-from pipeline.errors import CheckpointError, SpecError
 from pipeline.neural_graph.build import graph_from_plan
 from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan, plan_from_exported, plan_from_module
 from pipeline.neural_graph.spec_plan import plan_from_spec
 from pipeline.spec import build_module, example_input, spec_hash, validate_spec
 from pipeline.spec_check import check_spec_shapes
+from zoocore.errors import CheckpointError, SpecError
 
 
 @dataclass

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.errors import UnsupportedModuleError
 from pipeline.neural_graph.build import graph_from_plan
 from pipeline.neural_graph.plan import plan_from_module
+from zoocore.errors import UnsupportedModuleError
 
 MAX_FEATURE_FLOATS = 150_000_000   # larger graphs are counted from the plan, not materialised
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import GraphValidationError
+from zoocore.errors import GraphValidationError
 
 NODE_TYPES = ("input", "hidden", "output")
 RELATIONS = ("linear", "conv", "norm", "residual", "embedding", "attn_q", "attn_k", "attn_v", "attn_o")
@@ -115,17 +115,6 @@ class NeuralGraph:
     def node_activation_codes(self) -> np.ndarray:
         codes = np.array([ACTIVATIONS.index(a) for a in self.layer_activation], dtype=np.int64)
         return codes[self.node_layer]
-
-    def to_dgl(self):
-        """A DGL heterograph: node types input/hidden/output, one edge type per
-        (source type, relation, destination type) plus a reverse type ``rev_<relation>``.
-
-        Node data: ``bias``, ``layer``, ``position``, ``activation`` (code), ``nid`` (index in
-        this graph). Edge data: ``w`` (E_t, Kh*Kw).
-        """
-        from pipeline.neural_graph.heterograph import neural_graph_to_dgl  # one place for DGL conversion
-
-        return neural_graph_to_dgl(self)
 
     def to_networkx(self):
         """A networkx MultiDiGraph with node attributes and edge ``relation`` / ``weight`` lists."""

@@ -7,16 +7,13 @@ Graphs meant to be batched together are built over one shared list of canonical 
 """
 from __future__ import annotations
 
-import os
 from typing import Iterable, Sequence
 
-os.environ.setdefault("DGLBACKEND", "pytorch")
+import dgl
+import numpy as np
+import torch
 
-import dgl  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES, RELATIONS  # noqa: E402
+from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES, RELATIONS
 
 CanonicalEtype = tuple[str, str, str]
 

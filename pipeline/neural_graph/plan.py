@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from pipeline.errors import UnsupportedModuleError
+from zoocore.errors import UnsupportedModuleError
 
 aten = torch.ops.aten
 _getitem = operator.getitem

@@ -42,6 +42,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline.datasets import digits, digits_split
+from pipeline.zoo.training import ModelRecipe, init_weights
 from pipeline.zoo.transforms import noise, transform_index
 
 WIDTH = 64
@@ -53,10 +55,8 @@ CELLS = [(act, task, eq) for eq in ("none", "mirror-lr") for task in ("autoencod
 
 
 def _data():
-    from pipeline.zoo.kinds import _digits, _digits_split
-
-    x, y = _digits()
-    test, train = _digits_split()
+    x, y = digits()
+    test, train = digits_split()
     flat = x.reshape(len(x), -1)
     return flat[train], y[train], flat[test], y[test]
 
@@ -78,7 +78,6 @@ def equivariance_gap(model: nn.Module, x: torch.Tensor, index: torch.Tensor, tas
 
 
 def mlp_equivariant_recipe(rng: np.random.Generator, seed: int):
-    from pipeline.zoo.kinds import ModelRecipe, _init
 
     act, task, eq = CELLS[seed % len(CELLS)]
     spec = equivariant_spec(act, task)
@@ -91,7 +90,7 @@ def mlp_equivariant_recipe(rng: np.random.Generator, seed: int):
 
     def train(model: nn.Module, init_seed: int) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(init_seed)
-        _init(model, hp["init"], gen)
+        init_weights(model, hp["init"], gen)
         xtr, ytr, xte, yte = (torch.from_numpy(a) for a in _data())
         index = torch.from_numpy(transform_index(eq if eq != "none" else "mirror-lr", 64))
         loss_fn = (lambda o, x, y: ((o - x) ** 2).mean()) if task == "autoencoder" else \

@@ -16,115 +16,16 @@ All data ships with scikit-learn (nothing is downloaded):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
+from pipeline.datasets import MLP_DATASETS, digits, digits_split, tabular
 from pipeline.spec import build_module
-
-
-@dataclass
-class ModelRecipe:
-    spec: dict
-    train: Callable[[nn.Module, int], dict[str, Any]]   # (model, init seed): trains in place, returns metrics
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-@lru_cache(maxsize=None)
-def _digits():
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (d.images / 16.0).astype(np.float32)[:, None]   # (1797, 1, 8, 8)
-    return x, d.target.astype(np.int64)
-
-
-@lru_cache(maxsize=None)
-def _tabular(name: str):
-    from sklearn import datasets
-    from sklearn.decomposition import PCA
-    from sklearn.model_selection import train_test_split
-    from sklearn.preprocessing import StandardScaler
-
-    loader = {"iris": datasets.load_iris, "wine": datasets.load_wine,
-              "breast_cancer": datasets.load_breast_cancer, "digits": datasets.load_digits}[name]
-    d = loader()
-    xtr, xte, ytr, yte = train_test_split(d.data, d.target, test_size=0.3, random_state=0, stratify=d.target)
-    scaler = StandardScaler().fit(xtr)
-    pca = PCA(n_components=4, random_state=0).fit(scaler.transform(xtr))
-    f = lambda a: pca.transform(scaler.transform(a)).astype(np.float32)  # noqa: E731
-    return f(xtr), ytr.astype(np.int64), f(xte), yte.astype(np.int64)
-
-
-def _digits_split() -> tuple[np.ndarray, np.ndarray]:
-    """The CNN zoo's fixed split of the digits images: 500 test indices, the rest to train from."""
-    perm = np.random.default_rng(0).permutation(len(_digits()[0]))
-    return perm[:500], perm[500:]
-
-
-def evaluation_data(dataset: str, input_shape: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(x_train, y_train, x_test, y_test) a zoo model of ``dataset`` and input shape was trained
-    and tested on: the digits images for CNNs, the PCA-reduced tabular sets for MLPs."""
-    if dataset == "digits" and list(input_shape) == [1, 8, 8]:
-        x, y = _digits()
-        test, train = _digits_split()
-        return x[train], y[train], x[test], y[test]
-    if dataset in MLP_DATASETS and list(input_shape) == [4]:
-        return _tabular(dataset)
-    raise KeyError(f"no evaluation data for dataset {dataset!r} with input shape {list(input_shape)}")
-
-
-def _init(model: nn.Module, scheme: str, gen: torch.Generator) -> None:
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, (nn.Conv2d, nn.Linear)):
-                if scheme == "kaiming":
-                    nn.init.kaiming_uniform_(m.weight, a=math.sqrt(5), generator=gen)
-                elif scheme == "xavier":
-                    nn.init.xavier_normal_(m.weight, generator=gen)
-                else:
-                    m.weight.normal_(0.0, 0.05, generator=gen)
-                if m.bias is not None:
-                    m.bias.zero_()
-
-
-def _optimizer(name: str, params, lr: float, wd: float):
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=wd)
-    if name == "rmsprop":
-        return torch.optim.RMSprop(params, lr=lr, weight_decay=wd)
-    return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=wd)
-
-
-def _fit_classifier(model, xtr, ytr, xte, yte, *, optimizer, lr, wd, epochs, batch, gen) -> dict[str, Any]:
-    opt = _optimizer(optimizer, model.parameters(), lr, wd)
-    xtr_t, ytr_t = torch.from_numpy(xtr), torch.from_numpy(ytr)
-    loss_fn = nn.CrossEntropyLoss()
-    model.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(xtr_t), generator=gen)
-        for i in range(0, len(order), batch):
-            idx = order[i:i + batch]
-            opt.zero_grad()
-            loss = loss_fn(model(xtr_t[idx]), ytr_t[idx])
-            if not torch.isfinite(loss):
-                break
-            loss.backward()
-            opt.step()
-    model.eval()
-    with torch.no_grad():
-        for p in model.parameters():             # a diverged model still yields a finite graph
-            torch.nan_to_num_(p.data, nan=0.0, posinf=1e3, neginf=-1e3)
-        test_logits = model(torch.from_numpy(xte))
-        train_logits = model(xtr_t)
-        test_loss = float(loss_fn(test_logits, torch.from_numpy(yte)))
-    return {"test_accuracy": float((test_logits.argmax(1).numpy() == yte).mean()),
-            "train_accuracy": float((train_logits.argmax(1).numpy() == ytr).mean()),
-            "test_loss": test_loss if math.isfinite(test_loss) else None}
+from pipeline.zoo.equivariant import mlp_equivariant_recipe
+from pipeline.zoo.training import ModelRecipe, fit_classifier, init_weights
 
 
 def cnn_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
@@ -160,11 +61,11 @@ def cnn_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
 
     def train(model: nn.Module, init_seed: int) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(init_seed)
-        _init(model, hp["init"], gen)
-        x, y = _digits()
-        test, pool_idx = _digits_split()
+        init_weights(model, hp["init"], gen)
+        x, y = digits()
+        test, pool_idx = digits_split()
         sub = np.random.default_rng(seed).permutation(pool_idx)[:max(64, int(hp["train_fraction"] * len(pool_idx)))]
-        return _fit_classifier(model, x[sub], y[sub], x[test], y[test], optimizer=hp["optimizer"], lr=hp["lr"],
+        return fit_classifier(model, x[sub], y[sub], x[test], y[test], optimizer=hp["optimizer"], lr=hp["lr"],
                                wd=hp["weight_decay"], epochs=hp["epochs"], batch=hp["batch_size"], gen=gen)
 
     return ModelRecipe(spec, train, meta)
@@ -196,16 +97,15 @@ def cnn_fixed_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
                     nn.init.trunc_normal_(m.weight, 0.0, hp["init_std"], -2 * hp["init_std"], 2 * hp["init_std"],
                                           generator=gen)
                     m.bias.zero_()
-        x, y = _digits()
-        test, pool_idx = _digits_split()
+        x, y = digits()
+        test, pool_idx = digits_split()
         sub = np.random.default_rng(seed).permutation(pool_idx)[:max(64, int(hp["train_fraction"] * len(pool_idx)))]
-        return _fit_classifier(model, x[sub], y[sub], x[test], y[test], optimizer=hp["optimizer"], lr=hp["lr"],
+        return fit_classifier(model, x[sub], y[sub], x[test], y[test], optimizer=hp["optimizer"], lr=hp["lr"],
                                wd=hp["weight_decay"], epochs=hp["epochs"], batch=hp["batch_size"], gen=gen)
 
     return ModelRecipe(fixed_cnn_spec(act, hp["dropout"]), train, meta)
 
 
-MLP_DATASETS = ("iris", "wine", "breast_cancer", "digits")
 
 
 def mlp_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
@@ -221,9 +121,9 @@ def mlp_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
 
     def train(model: nn.Module, init_seed: int) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(init_seed)
-        _init(model, hp["init"], gen)
-        xtr, ytr, xte, yte = _tabular(dataset)
-        return _fit_classifier(model, xtr, ytr, xte, yte, optimizer=hp["optimizer"], lr=hp["lr"], wd=0.0,
+        init_weights(model, hp["init"], gen)
+        xtr, ytr, xte, yte = tabular(dataset)
+        return fit_classifier(model, xtr, ytr, xte, yte, optimizer=hp["optimizer"], lr=hp["lr"], wd=0.0,
                                epochs=hp["epochs"], batch=hp["batch_size"], gen=gen)
 
     return ModelRecipe(spec, train, meta)
@@ -236,7 +136,7 @@ INR_SPEC = {"format": "zoograph.spec/1", "input_shape": [2], "layers": [
 
 
 def inr_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
-    x, y = _digits()
+    x, y = digits()
     index = int(rng.integers(0, len(x)))
     meta = {"dataset": "digits-inr", "label": int(y[index]), "image_index": index, "steps": 300, "lr": 1e-3,
             "w0": 10.0, "optimizer": "adam"}
@@ -267,15 +167,9 @@ def inr_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
     return ModelRecipe(INR_SPEC, train, meta)
 
 
-def _mlp_equivariant(rng: np.random.Generator, seed: int) -> ModelRecipe:
-    from pipeline.zoo.equivariant import mlp_equivariant_recipe
-
-    return mlp_equivariant_recipe(rng, seed)
-
-
 RECIPES: dict[str, Callable[[np.random.Generator, int], ModelRecipe]] = {
     "cnn": cnn_recipe, "cnn-fixed": cnn_fixed_recipe, "mlp": mlp_recipe, "inr": inr_recipe,
-    "mlp-equivariant": _mlp_equivariant}
+    "mlp-equivariant": mlp_equivariant_recipe}
 
 
 def make_model(kind: str, seed: int, init_seed: int | None = None) -> tuple[nn.Module, ModelRecipe, dict[str, Any]]:

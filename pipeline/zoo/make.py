@@ -16,10 +16,10 @@ from typing import Any, Iterator
 import torch
 from tqdm import tqdm
 
-from pipeline.errors import ZooGraphError
-from pipeline.workers import process_pool
 from pipeline.spec import example_input
+from pipeline.workers import process_pool
 from pipeline.zoo.kinds import RECIPES, make_model
+from zoocore.errors import ZooGraphError
 
 FORMATS = {"safetensors": ".safetensors", "pt": ".pt", "pt2": ".pt2"}
 METRIC_COLUMNS = ("test_accuracy", "train_accuracy", "test_loss", "mse", "psnr")

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from pipeline.errors import ZooGraphError
+from zoocore.errors import ZooGraphError
 
 TRANSFORMS = ("mirror-lr", "mirror-ud", "perm-input")
 NOISE_STD = 1.0

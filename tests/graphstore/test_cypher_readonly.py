@@ -10,7 +10,7 @@ from graphstore.cli import main as graphstore_cli
 from graphstore.metadata import open_store
 from graphstore.metadata.read_only import CypherRefused, check_read_only
 from graphstore.sync import sync_store
-from pipeline.errors import StoreError
+from zoocore.errors import StoreError
 
 COUNT = "MATCH (m:Model) RETURN count(m) AS n"
 

@@ -6,7 +6,6 @@ there, whose leftovers the next ingest does remove; a run's artifacts killed bet
 """
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -232,7 +231,7 @@ def test_object_storage_uses_pid_host_and_age(monkeypatch):
 
 def test_artifacts_are_committed_at_once_and_a_crash_leaves_none(tmp_path):
     from jobs.train import load_metanetwork
-    from pipeline.errors import JobError
+    from zoocore.errors import JobError
 
     cat = Catalog(tmp_path / "cat")
     proc = subprocess.run([sys.executable, "-c", ARTIFACT_CRASH, str(cat.root)], env=_env(), timeout=120)

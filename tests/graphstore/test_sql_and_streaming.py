@@ -10,7 +10,7 @@ from graphstore.catalog import Catalog
 from graphstore.schema import EDGES, NODES
 from graphstore.sql import run_readonly
 from pipeline.cli import main as pipeline_cli
-from pipeline.errors import QueryRefused
+from zoocore.errors import QueryRefused
 
 
 def test_views_of_an_empty_catalog_are_typed(tmp_path):

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from graphstore.cli import main as graphstore_cli
 from graphstore.sql import memory_limit_setting, physical_memory, run_readonly
 from pipeline.cli import main as pipeline_cli
-from pipeline.errors import CatalogError, QueryTimeout
 from pipeline.ingest import ingest_zoo
 from pipeline.zoo.make import make_zoo
+from zoocore.errors import CatalogError, QueryTimeout
 
 ENDLESS_SQL = "SELECT count(*) FROM range(CAST(1e13 AS BIGINT))"
 HUNGRY_SQL = "SELECT max(len(x)) FROM (SELECT list(i) AS x FROM range(200000000) t(i))"   # ~1.6 GB list

@@ -9,11 +9,11 @@ from graphstore import duck
 from graphstore.cli import main as graphstore_cli
 from graphstore.metadata import open_store
 from graphstore.metadata.queries import SUITE
+from graphstore.neo4j_server import free_port
 from graphstore.sync import sync_store
 from pipeline.cli import main as pipeline_cli
-from pipeline.config import Neo4jSettings
-from pipeline.errors import StoreError
-from graphstore.neo4j_server import free_port
+from zoocore.config import Neo4jSettings
+from zoocore.errors import StoreError
 
 
 def _suite(store, model_id):

@@ -85,7 +85,10 @@ def test_classification_probe_transfers_to_another_target(mlp_run, tmp_path):
     png = tmp_path / "cm.png"
     res = classify(root, run_id, "activation", png)
     assert set(res.classes) == {"relu", "tanh"} and res.confusion.sum() == res.n_test
-    assert 0 <= res.accuracy <= 1 and png.stat().st_size > 1000
+    assert res.accuracy == pytest.approx(np.trace(res.confusion) / res.n_test) and png.stat().st_size > 1000
+    # the activation is in the node encoding, so the probe reads it back better than always
+    # answering the commonest test class does
+    assert res.accuracy > res.confusion.sum(axis=1).max() / res.n_test, res.confusion
     out = CliRunner().invoke(jobs_cli, ["classify", "--run", run_id, "--target", "dataset", "--png",
                                         str(tmp_path / "d.png"), "--catalog", str(root)])
     assert out.exit_code == 0 and "confusion" in out.output and (tmp_path / "d.png").exists()

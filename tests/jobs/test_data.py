@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from graphstore import duck
-from graphstore.graph_codec import read_graphs
 from jobs.data import GraphStream, hash_split, layer_stats, select_models
 from jobs.distributed import DistContext, shard
+from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.graph import RELATIONS
 
 

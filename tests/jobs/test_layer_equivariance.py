@@ -14,12 +14,12 @@ from jobs.cli import main as jobs_cli
 from jobs.layer_equivariance import (analyse_catalog, fit_layers, nearest_permutation_distance,
                                      nearest_signed_permutation, neuron_roles)
 from pipeline.cli import main as pipeline_cli
-from pipeline.errors import JobError, ZooGraphError
 from pipeline.ingest import ingest_zoo
 from pipeline.spec import build_module
 from pipeline.zoo import equivariant
 from pipeline.zoo.make import make_zoo
 from pipeline.zoo.transforms import transform_index
+from zoocore.errors import JobError, ZooGraphError
 
 
 def equivariant_first_layer(activation: str, kinds=("pair", "antisymmetric", "symmetric"), seed: int = 0):

@@ -15,10 +15,10 @@ from jobs.cli import main as jobs_cli
 from jobs.merge import MergeConfig, merge_models
 from jobs.train import TrainConfig, train_heterognn
 from pipeline.checkpoints import load_state_dict
-from pipeline.errors import JobError
 from pipeline.ingest import ingest_zoo
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 from pipeline.zoo.make import make_zoo
+from zoocore.errors import JobError
 
 pytestmark = pytest.mark.slow
 

@@ -6,12 +6,12 @@ from click.testing import CliRunner
 
 from graphstore import duck
 from graphstore.catalog import Catalog
-from graphstore.graph_codec import read_graphs
 from jobs.data import layer_stats, normalised_graph, select_models
 from jobs.metanets import build_metanetwork
 from jobs.ngnn import NGGNNConfig
 from jobs.ngt import NGT
 from jobs.train import TrainConfig, load_metanetwork, predict, train_heterognn
+from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 
 FAST = dict(epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2)

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from graphstore import duck
-from graphstore.graph_codec import read_graphs
 from jobs.data import layer_stats, normalised_graph, select_models
 from jobs.metanets import build_metanetwork
 from jobs.ngnn import NGGNNConfig
+from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 
 

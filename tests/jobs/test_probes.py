@@ -3,16 +3,17 @@ import numpy as np
 import pytest
 import torch
 
+from graphstore import duck
 from jobs.data import LayerStats, normalised_graph
-from pipeline.neural_graph.heterograph import canonical_etypes_of, with_reverses
 from jobs.ngnn import NGGNN, NGGNNConfig
 from jobs.probes import ProbeFeatures
 from jobs.train import TrainConfig, train_heterognn
-from pipeline.errors import JobError
 from pipeline.neural_graph.convert import convert_checkpoint
 from pipeline.neural_graph.graph import RELATIONS
+from pipeline.neural_graph.heterograph import canonical_etypes_of, with_reverses
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 from pipeline.spec import build_module
+from zoocore.errors import JobError
 
 IDENTITY = LayerStats(np.zeros(1), np.ones(1), np.zeros((1, len(RELATIONS))), np.ones((1, len(RELATIONS))))
 
@@ -59,6 +60,10 @@ def test_training_with_probes_and_refusal_on_cnns(catalog_copy):
     report = train_heterognn(catalog_copy, TrainConfig(target="dataset", where="zoo = 'mlp'", probes=4, epochs=2,
                                                       batch_size=8, hidden=16, edge_hidden=8, layers=2),
                              progress=False)
-    assert 0 <= report.metrics["ngnn"]["accuracy"] <= 1
+    con = duck.connect(catalog_copy)
+    hits = [h[0] for h in con.execute("SELECT p.predicted_label = m.dataset FROM predictions p JOIN models m "
+                                      "USING (model_id) WHERE p.run_id = ? AND p.method = 'ngnn' AND p.split = 'test'",
+                                      [report.run_id]).fetchall()]
+    assert len(hits) == report.n_models["test"] and report.metrics["ngnn"]["accuracy"] == pytest.approx(np.mean(hits))
     with pytest.raises(JobError, match="probe features"):
         train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", probes=4, epochs=1), progress=False)

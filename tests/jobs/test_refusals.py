@@ -6,7 +6,7 @@ from graphstore.cli import main as graphstore_cli
 from jobs.cli import main as jobs_cli
 from jobs.train import TrainConfig, train_heterognn
 from pipeline.cli import main as pipeline_cli
-from pipeline.errors import JobError
+from zoocore.errors import JobError
 
 
 def test_one_class_target_is_refused_not_scored_perfectly(catalog_dir):

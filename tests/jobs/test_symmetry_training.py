@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from graphstore import duck
-from graphstore.graph_codec import read_graphs
 from jobs.baselines import statnn_features, statnn_features_of_graphs
 from jobs.data import GraphStream, layer_stats, layer_stats_of_graphs, select_models
 from jobs.train import TrainConfig, canonical_graph, read_prepared, rescaler, train_heterognn
+from pipeline.graph_codec import read_graphs
 
 FAST = dict(epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2)
 
@@ -44,7 +44,7 @@ def test_augmented_stream_serves_a_new_rescaling_each_time_and_repeats_with_its_
 
 def test_canonical_graphs_do_not_see_rescalings(catalog_dir):
     from pipeline.neural_graph.symmetry import random_rescaling
-    from graphstore.graph_codec import read_plans
+    from pipeline.graph_codec import read_plans
 
     con = duck.connect(catalog_dir)
     ids = [m for m, in con.execute("SELECT model_id FROM models WHERE zoo = 'cnn' LIMIT 10").fetchall()]
@@ -98,7 +98,7 @@ def test_a_canonical_run_predicts_through_the_canonicalisation(canonical_run):
 
 
 def test_rescaling_options_need_a_factor_above_one(catalog_copy):
-    from pipeline.errors import JobError
+    from zoocore.errors import JobError
 
     with pytest.raises(JobError, match="MAX > 1"):
         train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", scale_augment=0.5, **FAST), progress=False)

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from graphstore import duck
 from jobs.cli import main as jobs_cli
 from jobs.data import select_models
-from pipeline.errors import JobError
+from zoocore.errors import JobError
 
 EVIL = "1=1 AND (SELECT count(*) FROM read_csv('/etc/passwd'))>0"
 TINY = ["--epochs", "1", "--hidden", "8", "--layers", "1", "--batch-size", "16", "--no-baselines",

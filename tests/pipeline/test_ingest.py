@@ -174,7 +174,7 @@ def test_shards_split_a_zoo_without_collisions(tmp_path, mlp_zoo):
 def test_two_writers_of_one_model_do_not_double_its_graph(tmp_path, mlp_zoo):
     """Two machines ingest copies of one checkpoint (other names, so other shards) at the same
     moment: both commit the model. The views read it from one part only."""
-    from graphstore.graph_codec import read_graphs
+    from pipeline.graph_codec import read_graphs
 
     src = sorted(mlp_zoo.glob("*.safetensors"))[0]
     for zoo, name in (("z1", "a"), ("z2", "b")):

@@ -17,7 +17,7 @@ from graphstore.catalog import Catalog
 from graphstore.metadata import open_store
 from graphstore.sync import sync_store
 from pipeline.cli import main as pipeline_cli
-from pipeline.errors import StoreError
+from zoocore.errors import StoreError
 
 N = 6
 

@@ -10,12 +10,13 @@ from hypothesis import given, settings, strategies as st
 from torch import nn
 
 from pipeline.checkpoints import load_exported
-from pipeline.errors import CheckpointError, UnsupportedModuleError
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.convert import convert_exported, convert_module, convert_state_dict
 from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS
+from pipeline.neural_graph.heterograph import neural_graph_to_dgl
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 from pipeline.spec import build_module, example_input
+from zoocore.errors import CheckpointError, UnsupportedModuleError
 
 
 def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -190,7 +191,7 @@ def test_exported_archive_payload_is_not_executed(tmp_path):
 def test_dgl_and_networkx_views():
     model = randomize(build_module(CNN_SPEC))
     g = convert_state_dict(model.state_dict(), CNN_SPEC).graph
-    hg = g.to_dgl()
+    hg = neural_graph_to_dgl(g)
     assert hg.num_nodes("input") == 1 and hg.num_nodes("output") == 10 and hg.num_nodes("hidden") == 30
     forward = [et for et in hg.canonical_etypes if not et[1].startswith("rev_")]
     assert sum(hg.num_edges(et) for et in forward) == g.num_edges

@@ -12,16 +12,16 @@ from safetensors.torch import save_file
 
 from graphstore import duck
 from pipeline.checkpoints import tensor_shapes
-from pipeline.errors import SpecError
 from pipeline.ingest import ingest_zoo
 from pipeline.neural_graph.convert import convert_checkpoint
 from pipeline.spec import build_module
+from zoocore.errors import SpecError
 
 # Convert a checkpoint with a given spec in a fresh process; print the peak RSS growth (MB) and the error.
 MEASURE = r"""
 import json, resource, sys, time
 from pipeline.neural_graph.convert import convert_checkpoint
-from pipeline.errors import SpecError
+from zoocore.errors import SpecError
 spec = json.loads(open(sys.argv[2]).read())
 convert_checkpoint(sys.argv[3])                        # warm up: imports, first allocations
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

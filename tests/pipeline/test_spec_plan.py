@@ -3,12 +3,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from pipeline.errors import SpecError
 from pipeline.neural_graph.convert import PlanCache
 from pipeline.neural_graph.plan import plan_from_module
 from pipeline.neural_graph.spec_plan import plan_from_spec
 from pipeline.spec import build_module, example_input
 from pipeline.zoo.kinds import RECIPES
+from zoocore.errors import SpecError
 
 ACTS = ["relu", "gelu", "silu", "tanh", "sigmoid", "leaky_relu", "relu6", "hardswish", "sin", "identity"]
 

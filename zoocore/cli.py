@@ -1,7 +1,6 @@
-"""What the three CLIs share: error translation at the edge, output formats, store options."""
+"""What the three CLIs share: error translation at the edge, output formats, the --catalog option."""
 from __future__ import annotations
 
-import contextlib
 import csv
 import functools
 import io
@@ -12,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from pipeline.errors import ZooGraphError
+from zoocore.errors import ZooGraphError
 
 FORMATS = ("table", "json", "csv")
 
@@ -76,58 +75,6 @@ def catalog_option(fn: Callable) -> Callable:
     return click.option("--catalog", "catalog", type=click.Path(file_okay=False), default=None, metavar="DIR|URL",
                         help="Catalog folder, or object storage URL such as s3://bucket/catalog (credentials "
                              "and endpoint from AWS_* variables) (default: $ZOOGRAPH_CATALOG or ./catalog).")(fn)
-
-
-def store_options(fn: Callable) -> Callable:
-    """--neo4j-uri / --neo4j-user / --neo4j-password (else NEO4J_* variables, else embedded Ladybug)."""
-    fn = click.option("--neo4j-password", default=None, help="Neo4j password (default: $NEO4J_PASSWORD).")(fn)
-    fn = click.option("--neo4j-user", default=None, help="Neo4j user (default: $NEO4J_USER, or neo4j).")(fn)
-    fn = click.option("--neo4j-uri", default=None,
-                      help="Neo4j Bolt URI (default: $NEO4J_URI); without one the embedded Ladybug "
-                           "store in CATALOG/graph.lbug is used.")(fn)
-    return fn
-
-
-def existing_catalog(catalog):
-    """The --catalog of a command that reads it, refused with a clear message when there is no
-    catalog there (only `pipeline ingest` creates one: a mistyped path must not make a folder)."""
-    from graphstore.catalog import Catalog
-    from pipeline.config import catalog_dir
-
-    root = catalog_dir(catalog)
-    Catalog(root).require()
-    return root
-
-
-def open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password, read_only: bool = False,
-                            must_exist: bool = False):
-    """The graph store the options name (``read_only``: opened for reading only); with ``must_exist``,
-    the embedded store of a catalog that is not there is refused instead of created."""
-    from graphstore.catalog import Catalog
-    from graphstore.metadata import EMBEDDED_NAME, open_store
-    from pipeline.config import catalog_dir, embedded_store_dir, neo4j_settings
-
-    root, settings = catalog_dir(catalog), neo4j_settings(neo4j_uri, neo4j_user, neo4j_password)
-    if must_exist and settings is None and not (embedded_store_dir(root) / EMBEDDED_NAME).exists():
-        Catalog(root).require()
-    return open_store(root, settings, read_only=read_only)
-
-
-@contextlib.contextmanager
-def optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled: bool = True):
-    """``(store, None)``, or ``(None, reason)`` when the graph store cannot be opened: the Parquet
-    work goes on and `graphstore sync` catches the graph up later. Closes the store on exit."""
-    store, warning = None, None
-    if enabled:
-        try:
-            store = open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password)
-        except ZooGraphError as exc:
-            warning = str(exc)
-    try:
-        yield store, warning
-    finally:
-        if store is not None:
-            store.close()
 
 
 def parse_params(pairs: Sequence[str]) -> dict[str, Any]:

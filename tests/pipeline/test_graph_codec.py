@@ -5,8 +5,8 @@ import torch
 from safetensors.torch import load_file
 
 from graphstore import duck
-from graphstore.graph_codec import graph_tables, read_graphs
 from graphstore.schema import EDGES, NODES
+from pipeline.graph_codec import graph_tables, read_graphs
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.convert import convert_checkpoint
 
@@ -55,7 +55,7 @@ def test_written_tables_have_the_catalog_schema_and_read_back_in_the_given_order
 
 
 def test_reading_a_model_the_catalog_does_not_hold_names_it(catalog_dir):
-    from pipeline.errors import CatalogError
+    from zoocore.errors import CatalogError
 
     with pytest.raises(CatalogError, match="no-such-model"):
         read_graphs(duck.connect(catalog_dir), ["no-such-model"])

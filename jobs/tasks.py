@@ -1,0 +1,195 @@
+"""What a run learns to output, one class per kind of target: regression and classification.
+
+A task says how many numbers the metanetwork's head outputs, the loss, how catalog targets become
+training targets and outputs become predictions, how an ensemble's outputs combine, which metrics
+score it (and which one early stopping and model selection maximise), and what reaches the result
+relations (``predictions.predicted`` / ``predicted_label``, the graph store's ``predicted_<target>``).
+The training loop (jobs.train) asks the task and never compares task names. A task whose output
+is a network (editing) implements the same questions with node and edge outputs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from jobs.compare import kendall_tau
+from zoocore.errors import JobError
+
+
+@dataclass(frozen=True)
+class TargetScale:
+    """The standardisation of regression targets fitted on the training split (identity otherwise)."""
+    mean: float = 0.0
+    std: float = 1.0
+
+
+class Task:
+    name: str = ""
+    metric_keys: tuple[str, ...] = ()
+    selection_metric: str = ""             # maximised by early stopping and hyperparameter choice
+    numeric: bool = False                  # one number per model (a regressor), else a class (a classifier)
+
+    def read_targets(self, values: list, classes: list[str] | None, target: str | None
+                     ) -> tuple[np.ndarray, list[str]]:
+        """A models column's values -> (targets, class names): floats with NaN where missing, or
+        class indices with -1 where missing or unknown (``classes``: a trained run's classes)."""
+        raise NotImplementedError
+
+    def output_size(self, classes: list[str]) -> int:
+        raise NotImplementedError
+
+    def loss(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def fit_scale(self, train_targets: np.ndarray) -> TargetScale:
+        return TargetScale()
+
+    def encode(self, targets: np.ndarray, scale: TargetScale, device) -> torch.Tensor:
+        """Catalog targets of a batch -> what the loss compares the head's output with."""
+        raise NotImplementedError
+
+    def decode(self, out: np.ndarray, scale: TargetScale) -> np.ndarray:
+        """Head outputs (n, output_size) -> one prediction per model (float; class index for labels)."""
+        raise NotImplementedError
+
+    def combine(self, outs: list[np.ndarray]) -> np.ndarray:
+        """The outputs of an ensemble's members -> one output per model."""
+        raise NotImplementedError
+
+    def known(self, targets: np.ndarray) -> np.ndarray:
+        """Which models have a target to score against."""
+        raise NotImplementedError
+
+    def metrics(self, y: np.ndarray, p: np.ndarray) -> dict[str, float]:
+        raise NotImplementedError
+
+    def score(self, metrics: dict[str, float]) -> float:
+        """The selection metric of ``metrics`` (-inf when it could not be computed)."""
+        return float(metrics.get(self.selection_metric, -math.inf))
+
+    def numbers(self, pred: np.ndarray) -> list[float | None]:
+        """``predictions.predicted`` and what the graph store gets for a numeric target."""
+        return [None if np.isnan(v) else float(v) for v in pred]
+
+    def labels(self, pred: np.ndarray, classes: list[str]) -> list[str | None]:
+        """``predictions.predicted_label``: the class names, None for a numeric target."""
+        return [None] * len(pred)
+
+    def store_values(self, pred: np.ndarray, classes: list[str]) -> list:
+        """What the graph store's ``predicted_<target>`` property gets."""
+        return self.numbers(pred)
+
+
+class Regression(Task):
+    name = "regression"
+    metric_keys = ("kendall_tau", "r2", "mae")
+    selection_metric = "kendall_tau"
+    numeric = True
+
+    def read_targets(self, values, classes, target):
+        return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64), []
+
+    def output_size(self, classes):
+        return 1
+
+    def loss(self):
+        return torch.nn.MSELoss()
+
+    def fit_scale(self, train_targets):
+        return TargetScale(float(np.mean(train_targets)), float(np.std(train_targets) or 1.0))
+
+    def encode(self, targets, scale, device):
+        return torch.tensor((targets - scale.mean) / scale.std, dtype=torch.float32, device=device).unsqueeze(-1)
+
+    def decode(self, out, scale):
+        return out[:, 0] * scale.std + scale.mean
+
+    def combine(self, outs):
+        return np.mean(outs, axis=0)
+
+    def known(self, targets):
+        return ~np.isnan(targets.astype(float))
+
+    def metrics(self, y, p):
+        from sklearn.metrics import mean_absolute_error, r2_score
+
+        ok = ~np.isnan(p.astype(float))
+        y, p = y[ok], p[ok]
+        if len(y) < 2:
+            return {"n": int(len(y))}
+        return {"kendall_tau": kendall_tau(y, p), "r2": float(r2_score(y, p)),
+                "mae": float(mean_absolute_error(y, p)), "n": int(len(y))}
+
+
+class Classification(Task):
+    name = "classification"
+    metric_keys = ("accuracy", "macro_f1")
+    selection_metric = "accuracy"
+
+    def read_targets(self, values, classes, target):
+        labels = [None if v is None else _label(v) for v in values]
+        class_list = list(classes) if classes else sorted({lab for lab in labels if lab is not None})
+        index = {c: i for i, c in enumerate(class_list)}
+        targets = np.array([index.get(lab, -1) if lab is not None else -1 for lab in labels], dtype=np.int64)
+        if not classes and len(class_list) < 2:
+            raise JobError(f"{target!r} has {'a single class ' + repr(class_list[0]) if class_list else 'no values'} "
+                           f"among the {len(values)} selected models: there is nothing to classify (widen --where, "
+                           "or choose a --target with at least two values)")
+        return targets, class_list
+
+    def output_size(self, classes):
+        return len(classes)
+
+    def loss(self):
+        return torch.nn.CrossEntropyLoss()
+
+    def encode(self, targets, scale, device):
+        return torch.tensor(targets, dtype=torch.int64, device=device)
+
+    def decode(self, out, scale):
+        return out.argmax(1).astype(np.float64)
+
+    def combine(self, outs):
+        """The log of the members' mean softmax."""
+        probs = [np.exp(o - o.max(1, keepdims=True)) for o in outs]
+        return np.log(np.mean([p / p.sum(1, keepdims=True) for p in probs], axis=0))
+
+    def known(self, targets):
+        return targets >= 0
+
+    def metrics(self, y, p):
+        from sklearn.metrics import accuracy_score, f1_score
+
+        ok = ~np.isnan(p.astype(float))
+        y, p = y[ok], p[ok]
+        if len(y) < 2:
+            return {"n": int(len(y))}
+        p = p.astype(np.int64)
+        return {"accuracy": float(accuracy_score(y, p)), "macro_f1": float(f1_score(y, p, average="macro")),
+                "n": int(len(y))}
+
+    def labels(self, pred, classes):
+        return [classes[int(v)] if not np.isnan(v) and 0 <= int(v) < len(classes) else None for v in pred]
+
+    def store_values(self, pred, classes):
+        return self.labels(pred, classes)
+
+
+def _label(v) -> str:
+    """A class name: 3.0 and 3 are the class "3"."""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+TASKS: dict[str, Task] = {t.name: t for t in (Regression(), Classification())}
+
+
+def task_named(name: str) -> Task:
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; known: {', '.join(TASKS)}") from None

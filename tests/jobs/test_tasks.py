@@ -1,0 +1,48 @@
+"""The task interface: targets in, predictions and metrics out, without the training loop."""
+import numpy as np
+import pytest
+import torch
+
+from jobs.tasks import TASKS, Classification, Regression, task_named
+from zoocore.errors import JobError
+
+
+def test_regression_standardises_and_decodes_back():
+    task = Regression()
+    y = np.array([0.2, 0.4, 0.9, np.nan])
+    targets, classes = task.read_targets([0.2, 0.4, 0.9, None], None, "test_accuracy")
+    assert classes == [] and np.array_equal(np.isnan(targets), [False, False, False, True])
+    scale = task.fit_scale(y[:3])
+    encoded = task.encode(y[:3], scale, "cpu")
+    assert encoded.shape == (3, 1) and float(encoded.mean()) == pytest.approx(0.0, abs=1e-6)
+    assert task.decode(encoded.numpy().astype(np.float64), scale) == pytest.approx(y[:3])
+    assert task.known(targets).tolist() == [True, True, True, False]
+    m = task.metrics(y[:3], np.array([0.1, 0.5, 0.7]))
+    assert m["kendall_tau"] == pytest.approx(1.0) and m["mae"] == pytest.approx(0.4 / 3)
+    assert task.score(task.metrics(y[:3], np.array([0.7, 0.5, 0.1]))) == pytest.approx(-1.0)
+    assert task.labels(np.array([1.0]), []) == [None] and task.store_values(np.array([0.5]), []) == [0.5]
+
+
+def test_classification_reads_labels_combines_softmax_and_names_classes():
+    task = Classification()
+    targets, classes = task.read_targets(["relu", "tanh", None, 3.0], None, "activation")
+    assert classes == ["3", "relu", "tanh"] and targets.tolist() == [1, 2, -1, 0]
+    # a trained run's classes: an unseen label is unknown (-1), not a new class
+    assert task.read_targets(["gelu", "tanh"], ["relu", "tanh"], "activation")[0].tolist() == [-1, 1]
+    with pytest.raises(JobError, match="single class"):
+        task.read_targets(["relu", "relu"], None, "activation")
+    a = np.log(np.array([[0.9, 0.1], [0.2, 0.8]]))
+    b = np.log(np.array([[0.5, 0.5], [0.6, 0.4]]))
+    assert np.exp(task.combine([a, b])) == pytest.approx(np.array([[0.7, 0.3], [0.4, 0.6]]))
+    pred = task.decode(task.combine([a, b]), task.fit_scale(np.array([0, 1])))
+    assert pred.tolist() == [0.0, 1.0] and task.labels(pred, ["relu", "tanh"]) == ["relu", "tanh"]
+    assert task.metrics(np.array([0, 1, 1]), np.array([0.0, 1.0, 0.0]))["accuracy"] == pytest.approx(2 / 3)
+    out = torch.tensor([[2.0, 0.0]], requires_grad=True)
+    assert float(task.loss()(out, task.encode(np.array([0]), None, "cpu"))) < float(
+        task.loss()(out, task.encode(np.array([1]), None, "cpu")))
+
+
+def test_tasks_by_name():
+    assert set(TASKS) == {"regression", "classification"} and task_named("regression").numeric
+    with pytest.raises(ValueError, match="unknown task"):
+        task_named("segmentation")
