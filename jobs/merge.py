@@ -173,17 +173,17 @@ def newest_run(con) -> str | None:
 @torch.no_grad()
 def node_embeddings(catalog: Catalog, run_id: str, model: CatalogModel, device: str = "cpu") -> np.ndarray:
     """A trained run's node embeddings of ``model`` (N, H * members), rows in graph node order."""
-    from jobs.data import LayerStats, normalised_graph
+    from jobs.data import normalised_graph
     from jobs.train import load_metanetwork
 
-    members, meta = load_metanetwork(catalog, run_id, device)
+    members, manifest = load_metanetwork(catalog, run_id, device)
     etypes = members[0].cfg.etypes
-    frame = tuple(meta["frame"])
+    frame = manifest.frame
     if model.graph.kernel_shape[0] > frame[0] or model.graph.kernel_shape[1] > frame[1]:
         raise JobError(f"run {run_id} was trained on kernels up to {frame}, model {model.model_id} has "
                        f"{model.graph.kernel_shape}")
     try:
-        g = normalised_graph(model.graph, LayerStats.from_dict(meta["stats"]), frame, etypes,
+        g = normalised_graph(model.graph, manifest.stats, frame, etypes,
                              raw=bool(members[0].cfg.probes), model_id=model.model_id).to(device)
     except ValueError as exc:
         raise JobError(f"run {run_id} cannot embed model {model.model_id}: {exc}") from None

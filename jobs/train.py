@@ -13,7 +13,7 @@ import json
 import math
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from jobs.distributed import (DistContext, barrier, broadcast, gather_rows, init
                               shard)
 from jobs.data import (GraphList, GraphStream, LayerStats, Selection, layer_stats, layer_stats_of_graphs,
                        select_models)
+from jobs.manifest import RunManifest
 from jobs.metanets import build_metanetwork
 from jobs.ngnn import NGGNN, NGGNNConfig
 from jobs.probes import check_probe_graph
@@ -39,38 +40,67 @@ from zoocore.errors import JobError
 
 
 @dataclass
-class TrainConfig:
+class DataConfig:
+    """Which models, which target, which split, and how graphs reach the metanetwork."""
     target: str = "test_accuracy"
     where: str | None = None
-    task: str = "auto"                 # auto | regression | classification
+    task: str = "auto"                 # auto | a jobs.tasks name: regression | classification
     split_column: str | None = None
     folds: int = 0                     # K > 1: K-fold cross-validation (jobs.data.fold_split), test fold ``fold``
     fold: int = 0
+    loader_workers: int = 2
+    chunk: int = 64
+    canonical: bool = False            # NG-GNN reads scale-canonicalised graphs (one per rescaling orbit)
+    scale_augment: float = 0.0         # > 1: train on random function-preserving rescalings U[1, MAX]
+    rescale_test: tuple[float, ...] = ()   # each MAX > 1: also score the methods on rescalings U[1, MAX] of the test models
+
+
+@dataclass
+class OptimConfig:
+    """How the metanetwork is fitted and selected, and what it is compared with."""
     epochs: int = 40
     batch_size: int = 32
     lr: float = 1e-3
     weight_decay: float = 1e-4
+    patience: int = 8
+    ensemble: int = 1                  # metanetworks trained with seeds seed..seed+K-1, outputs averaged
+    seed: int = 0
+    device: str = "cpu"
+    max_train_batches: int | None = None   # cap per epoch (smoke runs); None = all
+    baselines: bool = True
+
+
+@dataclass
+class ModelConfig:
+    """The metanetwork (jobs.metanets) and its sizes; with the selection's edge types, kernel frame
+    and output size it becomes an NGGNNConfig (``metanet_config``)."""
+    model: str = "ngnn"                # the metanetwork (jobs.metanets): ngnn | ngt
     hidden: int = 64
     edge_hidden: int = 32
     layers: int = 3
     dropout: float = 0.0
     probes: int = 0                    # learned probe inputs whose activations join node features
-    ensemble: int = 1                  # metanetworks trained with seeds seed..seed+K-1, outputs averaged
-    patience: int = 8
-    seed: int = 0
-    device: str = "cpu"
-    loader_workers: int = 2
-    chunk: int = 64
-    baselines: bool = True
-    max_train_batches: int | None = None   # cap per epoch (smoke runs); None = all
-    canonical: bool = False            # NG-GNN reads scale-canonicalised graphs (one per rescaling orbit)
-    scale_augment: float = 0.0         # > 1: train on random function-preserving rescalings U[1, MAX]
-    rescale_test: tuple[float, ...] = ()   # each MAX > 1: also score the methods on rescalings U[1, MAX] of the test models
-    model: str = "ngnn"                # the metanetwork (jobs.metanets): ngnn | ngt
     quasi: bool = False                # NG-GNN with the quasi-equivariant scaling layer (jobs.quasi)
     quasi_eps: float = 0.1
     readout_outputs: int = 10          # the readout also reads output neurons 0..K-1 (jobs.ngnn); 0 = off.
                                        # bench_accuracy (quick, 3 folds): NG-GNN tau +0.019 diverse, +0.004 fixed
+
+
+@dataclass
+class TrainConfig(ModelConfig, OptimConfig, DataConfig):
+    """A run's whole configuration: the data, optimisation and model parts in one flat record (as
+    the CLI options and the run manifest hold it); ``part(DataConfig)`` etc. give one part."""
+
+    def part(self, cls):
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
+
+
+def metanet_config(model: ModelConfig, etypes, frame: tuple[int, int], out_dim: int) -> NGGNNConfig:
+    """The metanetwork's configuration: the model part plus what the selected models fix."""
+    return NGGNNConfig(etypes=etypes, edge_in=frame[0] * frame[1], out_dim=out_dim, hidden=model.hidden,
+                       edge_hidden=model.edge_hidden, layers=model.layers, dropout=model.dropout, probes=model.probes,
+                       quasi=model.quasi, quasi_eps=model.quasi_eps, kind=model.model,
+                       readout_outputs=model.readout_outputs)
 
 
 @dataclass
@@ -230,11 +260,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     train_idx = np.nonzero(sel.mask("train"))[0]
     val_idx = np.nonzero(sel.mask("val"))[0]
     scale = task.fit_scale(sel.targets[train_idx])
-    out_dim = task.output_size(sel.classes)
-    mcfg = NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=out_dim, hidden=cfg.hidden,
-                       edge_hidden=cfg.edge_hidden, layers=cfg.layers, dropout=cfg.dropout, probes=cfg.probes,
-                       quasi=cfg.quasi, quasi_eps=cfg.quasi_eps, kind=cfg.model,
-                       readout_outputs=cfg.readout_outputs)
+    mcfg = metanet_config(cfg, sel.etypes, sel.frame, task.output_size(sel.classes))
     models, history, epochs_run = [], [], 0
     for k in range(cfg.ensemble):
         model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, scale, device,
@@ -390,33 +416,32 @@ def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Se
                      scale: TargetScale, cfg: TrainConfig):
     """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.pt`` state dict per member and ``metanet.json``,
     committed as one folder (a crash leaves all of them or none)."""
-    meta = {"model": models[0].cfg.to_dict(), "members": len(models), "stats": stats.to_dict(),
-            "target_mean": scale.mean, "target_std": scale.std, "task": sel.task, "target": sel.target,
-            "classes": sel.classes, "frame": list(sel.frame), "train": asdict(cfg)}
+    manifest = RunManifest(model=models[0].cfg, stats=stats, task=sel.task, target=sel.target, frame=tuple(sel.frame),
+                           scale=scale, classes=list(sel.classes), members=len(models), train=asdict(cfg))
     files = {}
     for k, model in enumerate(models):
         buf = io.BytesIO()
         torch.save({key: v.cpu() for key, v in model.state_dict().items()}, buf)
         files[f"metanet-{k}.pt"] = buf.getvalue()
-    files["metanet.json"] = json.dumps(meta, indent=1, default=str).encode()
+    files["metanet.json"] = manifest.to_json()
     catalog.commit_artifacts(run_id, files)
     return catalog.location("artifacts", run_id)
 
 
-def load_metanetwork(catalog: Catalog, run_id: str, device: str = "cpu") -> tuple[list[NGGNN], dict]:
-    """The trained members of a run (weights loaded with ``weights_only=True``) and its metadata."""
+def load_metanetwork(catalog: Catalog, run_id: str, device: str = "cpu") -> tuple[list[NGGNN], RunManifest]:
+    """The trained members of a run (weights loaded with ``weights_only=True``) and its manifest."""
     raw = catalog.read_artifact(run_id, "metanet.json")
     if raw is None:
         raise JobError(f"no trained metanetwork for run {run_id!r} in {catalog.artifacts_dir}")
-    meta = json.loads(raw)
+    manifest = RunManifest.from_json(raw, f"the manifest of run {run_id!r}")
     models = []
-    for k in range(meta.get("members", 1)):
-        model = build_metanetwork(NGGNNConfig.from_dict(meta["model"]))
+    for k in range(manifest.members):
+        model = build_metanetwork(manifest.model)
         state = torch.load(io.BytesIO(catalog.read_artifact(run_id, f"metanet-{k}.pt")), map_location="cpu",
                            weights_only=True)
         model.load_state_dict(state)
         models.append(model.to(device).eval())
-    return models, meta
+    return models, manifest
 
 
 @dataclass
@@ -435,12 +460,12 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
             batch_size: int = 64) -> PredictReport:
     """Apply a trained metanetwork to the models matching ``where`` (targets need not be known)."""
     catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
-    models, meta = load_metanetwork(catalog, run_id, device)
-    model = models[0]
+    models, manifest = load_metanetwork(catalog, run_id, device)
+    model, task = models[0], manifest.task_kind
     con = duck.connect(catalog)
-    sel = select_models(con, meta["target"], where, meta["task"], classes=meta["classes"] or None,
+    sel = select_models(con, manifest.target, where, manifest.task, classes=manifest.classes or None,
                         require_target=False, catalog=catalog)
-    frame = tuple(meta["frame"])
+    frame = manifest.frame
     if sel.frame[0] > frame[0] or sel.frame[1] > frame[1]:
         raise JobError(f"these models have kernels up to {sel.frame}, the metanetwork was trained on {frame}")
     unknown = set(sel.etypes) - set(model.cfg.etypes)
@@ -449,16 +474,15 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     sel.frame, sel.etypes = frame, list(model.cfg.etypes)
     if model.cfg.probes:
         check_probe_graph(sel.etypes)
-    stream = GraphStream(con, sel, LayerStats.from_dict(meta["stats"]), raw=bool(model.cfg.probes),
-                         prepare=canonical_graph if meta.get("train", {}).get("canonical") else None)
-    task = task_named(meta["task"])
+    stream = GraphStream(con, sel, manifest.stats, raw=bool(model.cfg.probes),
+                         prepare=canonical_graph if manifest.train.get("canonical") else None)
     out, emb = infer_ensemble(models, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device), task)
-    pred = task.decode(out, TargetScale(meta["target_mean"], meta["target_std"]))
+    pred = task.decode(out, manifest.scale)
     known = task.known(sel.targets)
     metrics = task.metrics(sel.targets[known], pred[known]) if known.sum() >= 2 else {}
     con.close()
     new_run = f"{run_id}-predict-{uuid.uuid4().hex[:6]}"
-    kind = meta["model"].get("kind", "ngnn")
+    kind = manifest.model.kind
     write_run(catalog, new_run, {"where": where, "source_run": run_id}, sel, {kind: pred}, emb,
               {kind: metrics}, catalog.location("artifacts", run_id), splits=np.array(["predict"] * len(sel.model_ids)))
     if store is not None:

@@ -17,6 +17,18 @@ CNN_ZOO_SIZE = 36
 MLP_ZOO_SIZE = 48
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
+# The fast tier (`pytest -m "not slow"`, a few minutes) leaves out every test that trains a zoo or
+# a metanetwork or starts Neo4j; those carry the ``slow`` marker, given here by what they use.
+SLOW_FIXTURES = {"cnn_zoo", "mlp_zoo", "neo4j_server"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if (SLOW_FIXTURES & set(item.fixturenames) or item.get_closest_marker("neo4j")
+                or params.get("store_factory") == "neo4j"):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def cnn_zoo(tmp_path_factory):

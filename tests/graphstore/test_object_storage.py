@@ -87,7 +87,7 @@ def test_training_and_prediction_against_object_storage(s3_catalog):
                                                baselines=False), progress=False)
     assert str(report.artifact) == f"{ROOT}/artifacts/{report.run_id}"
     models, meta = load_metanetwork(Catalog(ROOT), report.run_id)
-    assert meta["target"] == "test_accuracy" and len(models) == 1
+    assert meta.target == "test_accuracy" and len(models) == 1
     pred = predict(ROOT, report.run_id, where="dataset = 'iris'")
     con = duck.connect(ROOT)
     n = con.execute("SELECT count(*) FROM predictions WHERE starts_with(run_id, ?) AND split = 'predict'",

@@ -68,7 +68,7 @@ def test_an_ngt_run_is_saved_as_ngt_and_predicts_as_one(catalog_copy):
     con = duck.connect(catalog_copy)
     run_id, = con.execute("SELECT run_id FROM runs").fetchone()
     models, meta = load_metanetwork(Catalog(catalog_copy), run_id)
-    assert isinstance(models[0], NGT) and meta["model"]["kind"] == "ngt"
+    assert isinstance(models[0], NGT) and meta.model.kind == "ngt"
     mine = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = 'ngt'",
                             [run_id]).fetchall())
     out = predict(catalog_copy, run_id, where="zoo = 'cnn'")

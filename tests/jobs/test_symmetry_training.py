@@ -142,6 +142,6 @@ def test_a_quasi_run_reports_its_overhead_and_reloads(catalog_copy):
     report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", quasi=True, **FAST), progress=False)
     assert "quasi-equivariant scaling: +" in report.summary()
     models, meta = load_metanetwork(Catalog(catalog_copy), report.run_id)
-    assert models[0].quasi is not None and meta["model"]["quasi"] is True
+    assert models[0].quasi is not None and meta.model.quasi is True
     assert predict(catalog_copy, report.run_id, where="zoo = 'cnn'").n == report.n_models["train"] + \
         report.n_models["val"] + report.n_models["test"]

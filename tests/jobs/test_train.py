@@ -8,7 +8,7 @@ import torch
 from graphstore import duck
 from graphstore.catalog import Catalog
 from jobs.compare import kendall_tau
-from jobs.data import LayerStats, hash_split, normalised_graph
+from jobs.data import hash_split, normalised_graph
 from jobs.train import TrainConfig, load_metanetwork, predict, train_heterognn
 from pipeline.ingest import ingest_zoo
 from pipeline.neural_graph.convert import convert_checkpoint
@@ -113,8 +113,8 @@ def test_predictions_are_invariant_and_node_embeddings_equivariant(trained, cnn_
     root, report = trained
     models, meta = load_metanetwork(Catalog(root), report.run_id)
     model = models[0]
-    stats = LayerStats.from_dict(meta["stats"])
-    frame, etypes = tuple(meta["frame"]), model.cfg.etypes
+    stats = meta.stats
+    frame, etypes = meta.frame, model.cfg.etypes
     ckpt = sorted(cnn_zoo.glob("*.safetensors"))[seed * 5]
     graph = convert_checkpoint(ckpt).graph
     perm = random_hidden_permutation(graph, np.random.default_rng(seed))
@@ -137,7 +137,7 @@ def test_predictions_are_invariant_and_node_embeddings_equivariant(trained, cnn_
 def test_an_ensemble_averages_its_members(catalog_copy):
     report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", ensemble=2, **FAST), progress=False)
     models, meta = load_metanetwork(Catalog(catalog_copy), report.run_id)
-    assert len(models) == meta["members"] == 2
+    assert len(models) == meta.members == 2
     assert {h["member"] for h in report.history} == {0, 1}
     con = duck.connect(catalog_copy)
     width = con.execute("SELECT max(len(vector)) FROM embeddings WHERE run_id = ?", [report.run_id]).fetchone()[0]
