@@ -15,7 +15,7 @@ def workdir(tmp_path_factory):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_and_draws(path, workdir, monkeypatch):
-    assert len(NOTEBOOKS) == 4
+    assert len(NOTEBOOKS) == 5
     monkeypatch.setenv("ZOOGRAPH_NOTEBOOK_WORKDIR", str(workdir))
     monkeypatch.setenv("ZOOGRAPH_NOTEBOOK_FIGURES", str(workdir / "figures"))
     nb = nbformat.read(path, as_version=4)

@@ -267,6 +267,8 @@ class EditReport:
     ingested: int = 0
     artifact: Any = None
     store_warning: str | None = None
+    editors: dict[str, Any] = field(default_factory=dict, repr=False)   # the trained editors, by method
+    data: EditData | None = field(default=None, repr=False)
 
     def summary(self) -> str:
         c = self.counts
@@ -312,6 +314,7 @@ def train_editor(catalog: Catalog | str, cfg: EditConfig, store=None, progress: 
     main = cfg.model if cfg.oce == 1 else f"{cfg.model}-oce{cfg.oce}"
     results: dict[str, MethodResult] = {"identity": MethodResult("identity", score(None, data, test_idx, device))}
     histories: dict[str, list] = {}
+    editors: dict[str, Any] = {}
     if cfg.baselines:
         reason = nfn_available()
         if reason:
@@ -322,17 +325,20 @@ def train_editor(catalog: Catalog | str, cfg: EditConfig, store=None, progress: 
             nfn, histories["nfn"] = fit_editor(NFNEditor(data.layout.sizes, 1, cfg.nfn_channels), data, cfg, device,
                                                "train NFN (NP)", progress)
             results["nfn"] = MethodResult("nfn", score(nfn, data, test_idx, device), time.perf_counter() - started)
+            editors["nfn"] = nfn
         if cfg.oce > 1:
             started = time.perf_counter()
             k1, histories[cfg.model] = fit_editor(graph_editor(data, cfg, 1), data, cfg, device,
                                                   f"train {cfg.model} K=1", progress)
             results[cfg.model] = MethodResult(cfg.model, score(k1, data, test_idx, device), time.perf_counter() - started)
+            editors[cfg.model] = k1
     started = time.perf_counter()
     editor, histories[main] = fit_editor(graph_editor(data, cfg, cfg.oce), data, cfg, device,
                                          f"train {cfg.model} K={cfg.oce}", progress)
     results[main] = MethodResult(main, score(editor, data, test_idx, device), time.perf_counter() - started)
+    editors[main] = editor
     run_id = f"edit-{now_utc():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    report = EditReport(run_id, cfg.edit, main, counts, results)
+    report = EditReport(run_id, cfg.edit, main, counts, results, editors=editors, data=data)
     report.artifact = save_editor(catalog, run_id, editor, data, cfg)
     metrics = {name: r.summary() for name, r in results.items()}
     write_edit_run(catalog, run_id, cfg, metrics, report.artifact, histories)
@@ -352,6 +358,25 @@ def train_editor(catalog: Catalog | str, cfg: EditConfig, store=None, progress: 
         if rep.graph_behind:
             report.store_warning = "the graph store is behind the catalog"
     return report
+
+
+def small_inr_catalog(workdir, n: int = 40, seed: int = 0, workers: int = 2) -> Path:
+    """A small inr zoo made on the spot and ingested with the embedded graph store (the notebook's
+    data); reused when ``workdir`` already holds it."""
+    from graphstore.metadata import open_store
+    from pipeline.ingest import ingest_zoo
+    from pipeline.zoo.make import make_zoo
+
+    workdir = Path(workdir)
+    catalog = Catalog(workdir / "catalog-inr")
+    marker = workdir / "inr-catalog.txt"
+    if marker.exists() and catalog.exists():
+        return catalog.root
+    make_zoo("inr", workdir / "zoo-inr", n=n, seed=seed, workers=workers, progress=False)
+    with open_store(catalog.root, use_env=False) as store:
+        report = ingest_zoo(workdir / "zoo-inr", catalog, store=store, zoo_name="inr", progress=False)
+    marker.write_text(str(report.added))
+    return catalog.root
 
 
 def _spec_of(catalog: Catalog, model_id: str) -> dict:
@@ -422,7 +447,7 @@ def write_edited_zoo(out: Path, editor, data: EditData, idx: np.ndarray, spec: d
             name = f"{cfg.edit}-{data.model_ids[i][:16]}.safetensors"
             meta = {**data.inherited.get(data.model_ids[i], {}), "image_index": int(data.image_index[i]),
                     "edited_from": data.model_ids[i], "edit": cfg.edit, "edit_run": run_id, "edit_method": method,
-                    "oce": cfg.oce, "split": str(data.splits[i])}
+                    "oce": cfg.oce, "edit_split": str(data.splits[i])}
             metrics = {"mse": mse, "psnr": float(10 * math.log10(1.0 / max(mse, 1e-12)))}
             _write_atomic(out / name, lambda p, s=state: save_file(s, str(p)))
             side = {"architecture": wide_spec, "metadata": meta, "metrics": metrics}
