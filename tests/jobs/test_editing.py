@@ -202,16 +202,18 @@ def test_train_editor_compares_methods_and_writes_reloadable_edits(inr_catalog, 
     data = load_edit_data(Catalog(inr_catalog), EditConfig(edit="dilate"))
     coords = pixel_grid()
     by_original = {r[1]: r for r in edited}
+    with torch.no_grad():          # the batch the command wrote (all models, in order): the same sums
+        members = edited_members(editor, data, np.arange(len(data.model_ids)), torch.device("cpu"))
+        functions = average_function(members, coords, data.layout.activations)
     for i in range(0, len(data.model_ids), 7):
         _, _, _, _, checkpoint, recorded_mse = by_original[data.model_ids[i]]
         path = out / checkpoint
         side = read_sidecar(path)
         assert side["metadata"]["edited_from"] == data.model_ids[i] and side["metadata"]["oce"] == 2
         state = load_state_dict(path)
+        expected = edited_state_dict(data.graphs[i], data.layout, [(w[i], b[i]) for w, b in members])
+        want = functions[i]
         with torch.no_grad():
-            members = edited_members(editor, data, np.array([i]), torch.device("cpu"))
-            expected = edited_state_dict(data.graphs[i], data.layout, [(w[0], b[0]) for w, b in members])
-            want = average_function(members, coords, data.layout.activations)[0]
             net = build_module(side["architecture"])
             net.load_state_dict(state)
             got = net(coords)[:, 0]
