@@ -1,0 +1,378 @@
+"""``jobs train-editor``: train metanetworks that edit INRs, compare them, write the edited zoo.
+
+A run selects the SIRENs of one architecture (the ``inr`` zoo, models not themselves edited), splits
+them by the hash of their model_id (train / val / test), and trains, on the same split:
+
+- the metanetwork (NG-GNN or NG-T) with equivariant edge/node heads and K = ``oce`` weight sets whose
+  functions are averaged (Output Capacity Expansion; K = 1 is the plain metanetwork);
+- baselines: the identity (the unedited INR), the same metanetwork with K = 1, and NFN's NP layers.
+
+Every editor is residual (edited = original + predicted change) and trained on the function-space
+MSE between the edited INR on the 8x8 pixel grid and the transformed digit; the checkpoint with the
+best validation MSE is kept. The test MSE of every method (mean and spread over test INRs) is
+printed and stored in ``runs``; the main editor's weights go to ``CATALOG/artifacts/RUN/``; its edits
+of every selected INR are written as a zoo (one network K times wider for K > 1, exact) and
+ingested with their lineage (``edited_from``, ``edit``, ``edit_run``) as model columns.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import json
+import math
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+from tqdm import tqdm
+
+from graphstore import duck
+from graphstore.catalog import Catalog, now_utc
+from graphstore.schema import RUNS
+from jobs.editing.data import EditConfig, EditData, load_edit_data
+from jobs.editing.heads import GraphEditor, NFNEditor, nfn_available
+from jobs.editing.siren import MLPLayout, Params, mlp_forward, pixel_grid, widen, widened_spec
+from jobs.editing.targets import EDITS
+from jobs.ngnn import NGGNNConfig
+from pipeline.neural_graph.build import state_dict_from_graph
+from pipeline.neural_graph.graph import NeuralGraph
+from zoocore.errors import JobError
+
+def edited_members(editor, data: EditData, idx: np.ndarray, device) -> Params:
+    """The K edited weight sets of models ``idx``: per layer (B, K, out, in) and (B, K, out)."""
+    deltas = editor.deltas(data, idx, device)
+    return [(w[idx].to(device).unsqueeze(1) + dw, b[idx].to(device).unsqueeze(1) + db)
+            for (w, b), (dw, db) in zip(data.params, deltas)]
+
+
+def average_function(members: Params, coords: torch.Tensor, activations: Sequence[str]) -> torch.Tensor:
+    """(B, P) the mean over the K members of each network's output on ``coords`` (one output)."""
+    B, K = members[0][0].shape[:2]
+    flat = [(w.reshape(B * K, *w.shape[2:]), b.reshape(B * K, -1)) for w, b in members]
+    return mlp_forward(flat, coords, activations)[..., 0].reshape(B, K, -1).mean(1)
+
+
+def per_model_mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((pred - target) ** 2).mean(-1)
+
+
+@torch.no_grad()
+def score(editor, data: EditData, idx: np.ndarray, device, batch: int = 256) -> np.ndarray:
+    """Per-model MSE of the edited (or, for ``editor`` None, the original) INRs against the targets."""
+    coords = pixel_grid().to(device)
+    out = []
+    for start in range(0, len(idx), batch):
+        part = idx[start:start + batch]
+        if editor is None:
+            pred = mlp_forward([(w[part].to(device), b[part].to(device)) for w, b in data.params], coords,
+                               data.layout.activations)[..., 0]
+        else:
+            editor.eval()
+            pred = average_function(edited_members(editor, data, part, device), coords, data.layout.activations)
+        out.append(per_model_mse(pred, data.targets[part].to(device)).cpu().numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def fit_editor(editor, data: EditData, cfg: EditConfig, device, desc: str, progress: bool = True):
+    """Train ``editor`` on the function-space MSE; keep the state of best validation MSE."""
+    editor.to(device)
+    opt = torch.optim.AdamW(editor.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.steps, 1), eta_min=cfg.lr * 0.05)
+    train_idx, val_idx = data.index("train"), data.index("val")
+    rng = np.random.default_rng(cfg.seed)
+    coords = pixel_grid().to(device)
+    best, best_state, history = math.inf, copy.deepcopy(editor.state_dict()), []
+    order, pos = rng.permutation(train_idx), 0
+    bar = tqdm(range(cfg.steps), desc=desc, unit="step", disable=not progress)
+    for step in bar:
+        if pos >= len(order):
+            order, pos = rng.permutation(train_idx), 0
+        idx = order[pos:pos + cfg.batch_size]
+        pos += cfg.batch_size
+        editor.train()
+        pred = average_function(edited_members(editor, data, idx, device), coords, data.layout.activations)
+        loss = per_model_mse(pred, data.targets[idx].to(device)).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(editor.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            val = float(score(editor, data, val_idx, device).mean())
+            history.append({"step": step + 1, "train_mse": float(loss), "val_mse": val})
+            bar.set_postfix(loss=f"{float(loss):.4f}", val=f"{val:.4f}")
+            if val < best:
+                best, best_state = val, copy.deepcopy(editor.state_dict())
+    bar.close()
+    editor.load_state_dict(best_state)
+    return editor.eval(), history
+
+
+def graph_editor(data: EditData, cfg: EditConfig, members: int) -> GraphEditor:
+    torch.manual_seed(cfg.seed)
+    mcfg = NGGNNConfig(etypes=data.etypes, edge_in=1, out_dim=1, hidden=cfg.hidden, edge_hidden=cfg.edge_hidden,
+                       layers=cfg.layers, kind=cfg.model)
+    return GraphEditor(mcfg, members)
+
+
+@dataclass
+class MethodResult:
+    name: str
+    mse: np.ndarray | None               # per test INR; None when the method could not run
+    seconds: float = 0.0
+    note: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        if self.mse is None:
+            return {"note": self.note}
+        return {"mse_mean": float(self.mse.mean()), "mse_std": float(self.mse.std()),
+                "mse_median": float(np.median(self.mse)), "n": int(len(self.mse)), "seconds": round(self.seconds, 1),
+                **({"note": self.note} if self.note else {})}
+
+
+@dataclass
+class EditReport:
+    run_id: str
+    edit: str
+    main: str
+    counts: dict[str, int]
+    results: dict[str, MethodResult]
+    out_dir: Path | None = None
+    written: int = 0
+    ingested: int = 0
+    artifact: Any = None
+    store_warning: str | None = None
+    editors: dict[str, Any] = field(default_factory=dict, repr=False)   # the trained editors, by method
+    data: EditData | None = field(default=None, repr=False)
+
+    def summary(self) -> str:
+        c = self.counts
+        lines = [f"run {self.run_id}: edit {self.edit!r} of {c['train']} train / {c['val']} val / {c['test']} test INRs",
+                 f"  {'method':14s} {'test MSE':>10s} {'std':>9s} {'median':>9s} {'vs identity':>12s} {'seconds':>8s}"]
+        base = self.results.get("identity")
+        ref = float(base.mse.mean()) if base is not None and base.mse is not None else None
+        for name, r in self.results.items():
+            if r.mse is None:
+                lines.append(f"  {name:14s} {'skipped':>10s}   {r.note}")
+                continue
+            m = float(r.mse.mean())
+            rel = f"{100 * (m - ref) / ref:+.1f}%" if ref else "n/a"
+            lines.append(f"  {name:14s} {m:10.5f} {float(r.mse.std()):9.5f} {float(np.median(r.mse)):9.5f} "
+                         f"{rel:>12s} {r.seconds:8.0f}" + (f"   {r.note}" if r.note else ""))
+        k1, oce = self.results.get(self.main.split("-oce")[0]), self.results.get(self.main)
+        if "-oce" in self.main and k1 is not None and k1.mse is not None and oce is not None and oce.mse is not None:
+            diff = oce.mse - k1.mse
+            se = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else float("nan")
+            lines.append(f"  OCE vs K=1: {100 * (oce.mse.mean() - k1.mse.mean()) / k1.mse.mean():+.1f}% test MSE "
+                         f"(paired difference {diff.mean():+.5f} +- {1.96 * se:.5f}, 95% CI; negative = OCE better)")
+        if self.out_dir is not None:
+            lines.append(f"  wrote {self.written} edited INRs ({self.main}) to {self.out_dir}, ingested {self.ingested}")
+        if self.store_warning:
+            lines.append(f"  graph store not updated: {self.store_warning} (run `graphstore sync` later)")
+        return "\n".join(lines)
+
+
+def train_editor(catalog: Catalog | str, cfg: EditConfig, store=None, progress: bool = True) -> EditReport:
+    """Train and compare the editors on one split, save the main one, write and ingest its edits."""
+    if cfg.edit not in EDITS:
+        raise JobError(f"unknown edit {cfg.edit!r}; choose one of {', '.join(EDITS)}")
+    if cfg.oce < 1:
+        raise JobError("--oce takes the number K >= 1 of averaged weight sets")
+    if cfg.write not in ("all", "test", "none"):
+        raise JobError("--write takes all, test or none")
+    catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
+    device = torch.device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    data = load_edit_data(catalog, cfg)
+    counts = {s: int((data.splits == s).sum()) for s in ("train", "val", "test")}
+    test_idx = data.index("test")
+    main = cfg.model if cfg.oce == 1 else f"{cfg.model}-oce{cfg.oce}"
+    results: dict[str, MethodResult] = {"identity": MethodResult("identity", score(None, data, test_idx, device))}
+    histories: dict[str, list] = {}
+    editors: dict[str, Any] = {}
+    if cfg.baselines:
+        reason = nfn_available()
+        if reason:
+            results["nfn"] = MethodResult("nfn", None, note=f"skipped: {reason}")
+        else:
+            torch.manual_seed(cfg.seed)
+            started = time.perf_counter()
+            nfn, histories["nfn"] = fit_editor(NFNEditor(data.layout.sizes, 1, cfg.nfn_channels), data, cfg, device,
+                                               "train NFN (NP)", progress)
+            results["nfn"] = MethodResult("nfn", score(nfn, data, test_idx, device), time.perf_counter() - started)
+            editors["nfn"] = nfn
+        if cfg.oce > 1:
+            started = time.perf_counter()
+            k1, histories[cfg.model] = fit_editor(graph_editor(data, cfg, 1), data, cfg, device,
+                                                  f"train {cfg.model} K=1", progress)
+            results[cfg.model] = MethodResult(cfg.model, score(k1, data, test_idx, device), time.perf_counter() - started)
+            editors[cfg.model] = k1
+    started = time.perf_counter()
+    editor, histories[main] = fit_editor(graph_editor(data, cfg, cfg.oce), data, cfg, device,
+                                         f"train {cfg.model} K={cfg.oce}", progress)
+    results[main] = MethodResult(main, score(editor, data, test_idx, device), time.perf_counter() - started)
+    editors[main] = editor
+    run_id = f"edit-{now_utc():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    report = EditReport(run_id, cfg.edit, main, counts, results, editors=editors, data=data)
+    report.artifact = save_editor(catalog, run_id, editor, data, cfg)
+    metrics = {name: r.summary() for name, r in results.items()}
+    write_edit_run(catalog, run_id, cfg, metrics, report.artifact, histories)
+    if cfg.write != "none":
+        idx = np.arange(len(data.model_ids)) if cfg.write == "all" else test_idx
+        out = Path(cfg.out_dir) if cfg.out_dir else Path(f"edited-{cfg.edit}-{run_id}")
+        spec = _spec_of(catalog, data.model_ids[0])
+        report.out_dir = out
+        report.written = write_edited_zoo(out, editor, data, idx, spec, run_id, cfg, main, device)
+        from pipeline.ingest import ingest_zoo
+
+        rep = ingest_zoo(out, catalog, zoo_name=f"edited-{cfg.edit}", store=store, progress=progress)
+        if rep.errors:
+            raise JobError(f"the edited INRs were written to {out} but {len(rep.errors)} failed to ingest: "
+                           f"{rep.errors[0].message}")
+        report.ingested = rep.added
+        if rep.graph_behind:
+            report.store_warning = "the graph store is behind the catalog"
+    return report
+
+
+def small_inr_catalog(workdir, n: int = 40, seed: int = 0, workers: int = 2) -> Path:
+    """A small inr zoo made on the spot and ingested with the embedded graph store (the notebook's
+    data); reused when ``workdir`` already holds it."""
+    from graphstore.metadata import open_store
+    from pipeline.ingest import ingest_zoo
+    from pipeline.zoo.make import make_zoo
+
+    workdir = Path(workdir)
+    catalog = Catalog(workdir / "catalog-inr")
+    marker = workdir / "inr-catalog.txt"
+    if marker.exists() and catalog.exists():
+        return catalog.root
+    make_zoo("inr", workdir / "zoo-inr", n=n, seed=seed, workers=workers, progress=False)
+    with open_store(catalog.root, use_env=False) as store:
+        report = ingest_zoo(workdir / "zoo-inr", catalog, store=store, zoo_name="inr", progress=False)
+    marker.write_text(str(report.added))
+    return catalog.root
+
+
+def _spec_of(catalog: Catalog, model_id: str) -> dict:
+    con = duck.connect(catalog, ["models", "architectures"])
+    try:
+        row = con.execute("SELECT a.spec_json FROM models m JOIN architectures a USING (architecture_id) "
+                          "WHERE m.model_id = ?", [model_id]).fetchone()
+    finally:
+        con.close()
+    if row is None or not row[0]:
+        raise JobError(f"model {model_id} has no JSON spec in the catalog; edited INRs need one to be written")
+    return json.loads(row[0])
+
+
+def edited_graph(graph: NeuralGraph, layout: MLPLayout, member: Params) -> NeuralGraph:
+    """``graph`` with the weights and biases of one edited network (per layer (out, in), (out,))."""
+    out = copy.copy(graph)
+    out.weight, out.bias = graph.weight.copy(), graph.bias.copy()
+    offsets = graph.layer_offsets()
+    for li, (w, b) in enumerate(member):
+        e = graph.edge_op == li
+        so, do = offsets[li], offsets[li + 1]
+        out.weight[e, 0] = w.detach().cpu().numpy()[graph.dst[e] - do, graph.src[e] - so]
+        out.bias[do:do + layout.sizes[li + 1]] = b.detach().cpu().numpy()
+    return out.validate()
+
+
+def edited_state_dict(graph: NeuralGraph, layout: MLPLayout, members: Params) -> dict[str, torch.Tensor]:
+    """The checkpoint of one edited INR: each of the K members' graphs turned back into weights with
+    the exact inverse, then widened into one network (for K = 1 the member itself).
+
+    Args:
+        members: per layer (K, out, in) and (K, out).
+    """
+    K = members[0][0].shape[0]
+    states = [state_dict_from_graph(edited_graph(graph, layout, [(w[k], b[k]) for w, b in members]))
+              for k in range(K)]
+    if K == 1:
+        return states[0]
+    wide = widen(layout.stack(states))
+    return {key: t.contiguous() for (w, b), wk, bk in zip(wide, layout.weight_keys, layout.bias_keys)
+            for key, t in ((wk, w), (bk, b))}
+
+
+def write_edited_zoo(out: Path, editor, data: EditData, idx: np.ndarray, spec: dict, run_id: str,
+                     cfg: EditConfig, method: str, device, batch: int = 64) -> int:
+    """One checkpoint and JSON sidecar per edited INR and a ``metrics.csv``: the zoo format of
+    ``pipeline zoo make``. Metadata: the original's (label, image_index...) and the lineage."""
+    from safetensors.torch import save_file
+
+    from pipeline.zoo.make import _write_atomic, write_metrics_csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    wide_spec = spec if cfg.oce == 1 else widened_spec(spec, cfg.oce)
+    coords = pixel_grid()
+    rows = []
+    for start in range(0, len(idx), batch):
+        part = idx[start:start + batch]
+        with torch.no_grad():
+            editor.eval()
+            members = [(w.cpu(), b.cpu()) for w, b in edited_members(editor, data, part, device)]
+        for j, i in enumerate(part):
+            state = edited_state_dict(data.graphs[i], data.layout, [(w[j], b[j]) for w, b in members])
+            params = [(state[wk].unsqueeze(0), state[bk].unsqueeze(0))
+                      for wk, bk in zip(data.layout.weight_keys, data.layout.bias_keys)]
+            mse = float(per_model_mse(mlp_forward(params, coords, data.layout.activations)[..., 0],
+                                      data.targets[i:i + 1]).item())
+            name = f"{cfg.edit}-{data.model_ids[i][:16]}.safetensors"
+            meta = {**data.inherited.get(data.model_ids[i], {}), "image_index": int(data.image_index[i]),
+                    "edited_from": data.model_ids[i], "edit": cfg.edit, "edit_run": run_id, "edit_method": method,
+                    "oce": cfg.oce, "edit_split": str(data.splits[i])}
+            metrics = {"mse": mse, "psnr": float(10 * math.log10(1.0 / max(mse, 1e-12)))}
+            _write_atomic(out / name, lambda p, s=state: save_file(s, str(p)))
+            side = {"architecture": wide_spec, "metadata": meta, "metrics": metrics}
+            _write_atomic((out / name).with_suffix(".json"), lambda p, s=side: p.write_text(json.dumps(s, indent=1)))
+            rows.append({"checkpoint": name, **metrics, **meta})
+    rows.sort(key=lambda r: r["checkpoint"])
+    write_metrics_csv(out / "metrics.csv", rows)
+    return len(rows)
+
+
+def save_editor(catalog: Catalog, run_id: str, editor: GraphEditor, data: EditData, cfg: EditConfig):
+    """``CATALOG/artifacts/RUN/``: ``editor.pt`` (state dict) and ``metanet.json`` (kind, config,
+    normalisation), committed as one folder."""
+    buf = io.BytesIO()
+    torch.save({k: v.cpu() for k, v in editor.state_dict().items()}, buf)
+    meta = {"kind": "editor", "model": editor.cfg.to_dict(), "members": editor.members, "stats": data.stats.to_dict(),
+            "edit": cfg.edit, "layout": asdict(data.layout), "train": asdict(cfg)}
+    catalog.commit_artifacts(run_id, {"editor.pt": buf.getvalue(),
+                                      "metanet.json": json.dumps(meta, indent=1, default=str).encode()})
+    return catalog.location("artifacts", run_id)
+
+
+def load_editor(catalog: Catalog | str, run_id: str, device: str = "cpu") -> tuple[GraphEditor, dict]:
+    """The trained editor of a run (weights loaded with ``weights_only=True``) and its metadata."""
+    catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    raw = catalog.read_artifact(run_id, "metanet.json")
+    if raw is None:
+        raise JobError(f"no trained editor for run {run_id!r} in {catalog.artifacts_dir}")
+    meta = json.loads(raw)
+    if meta.get("kind") != "editor":
+        raise JobError(f"run {run_id!r} saved a {meta.get('kind', 'predictor')!r} metanetwork, not an editor")
+    editor = GraphEditor(NGGNNConfig.from_dict(meta["model"]), meta["members"])
+    editor.load_state_dict(torch.load(io.BytesIO(catalog.read_artifact(run_id, "editor.pt")), map_location="cpu",
+                                      weights_only=True))
+    return editor.to(device).eval(), meta
+
+
+def write_edit_run(catalog: Catalog, run_id: str, cfg: EditConfig, metrics: dict, artifact, histories: dict) -> None:
+    """The run's row in ``runs`` (task ``edit``, target the edit, metrics per method)."""
+    config = {**asdict(cfg), "history": histories}
+    runs = pa.table({"run_id": [run_id], "task": ["edit"], "target": [cfg.edit], "where_sql": [cfg.where],
+                     "config_json": [json.dumps(config, default=str)], "metrics_json": [json.dumps(metrics)],
+                     "model_path": [str(artifact) if artifact else None], "created_at": [now_utc()]}, schema=RUNS)
+    catalog.commit_results(run_id, {"runs": runs})
+
+
+__all__ = ["EditConfig", "EditData", "EditReport", "average_function", "edited_members", "edited_state_dict",
+           "fit_editor", "load_editor", "score", "train_editor", "write_edited_zoo"]
