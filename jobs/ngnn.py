@@ -159,6 +159,11 @@ def edge_index(g: dgl.DGLHeteroGraph, etypes: Sequence[CanonicalEtype]) -> dict[
 class NGGNN(nn.Module):
     """The metanetwork: node/edge encoders, ``layers`` RelationalPNALayers, invariant readout, head.
 
+    The interface every metanetwork (jobs.metanets) keeps: ``encode`` (node and edge encodings),
+    ``propagate`` (its layers; the one method NG-T replaces), ``embeddings`` (equivariant node and
+    edge embeddings), ``embed`` (the invariant graph embedding) and ``forward`` (head output and
+    graph embedding).
+
     Shapes:
         input: a batched heterograph (pipeline.neural_graph.heterograph) with ndata bias/layer/position/
         activation and edata w (E_t, edge_in); output: (B, out_dim), embeddings (B, 6*hidden).
@@ -209,25 +214,39 @@ class NGGNN(nn.Module):
             h[t] = z
         return h
 
-    def _propagate(self, g):
+    def encode(self, g) -> tuple[dict[str, torch.Tensor], dict[CanonicalEtype, torch.Tensor]]:
+        """Node encodings (bias, activation, node type, shared layer / unique position embeddings) and
+        edge encodings (weights plus a relation embedding), shared by every metanetwork."""
         h = self.encode_nodes(g, self.probes(g) if self.probes is not None else None)
         e = {et: self.edge_in(g.edges[et].data["w"]) + self.rel_emb[_key(et)] for et in self.cfg.etypes
              if et in g.canonical_etypes}
-        structure = edge_index(g, self.cfg.etypes)
+        return h, e
+
+    def propagate(self, g, h: dict, e: dict, structure: dict) -> tuple[dict, dict]:
+        """The metanetwork's own part: ``layers`` of message passing that update nodes and edges
+        (here relational PNA with FiLM-modulated messages; NG-T overrides it with attention)."""
         for layer in self.layers:
             h, e = layer(g, h, e, structure)
+        return h, e
+
+    def embeddings(self, g) -> tuple[dict[str, torch.Tensor], dict[CanonicalEtype, torch.Tensor]]:
+        """Equivariant node and edge embeddings after encoding, propagation and (optionally) the
+        quasi-equivariant scaling: what graph readouts and per-node / per-edge heads read."""
+        h, e = self.encode(g)
+        structure = edge_index(g, self.cfg.etypes)
+        h, e = self.propagate(g, h, e, structure)
         if self.quasi is not None:
             h, e = self.quasi(g, h, e, structure)
         return h, e
 
     def node_embeddings(self, g) -> dict[str, torch.Tensor]:
         """Equivariant node embeddings after all layers."""
-        return self._propagate(g)[0]
+        return self.embeddings(g)[0]
 
     def embed(self, g) -> torch.Tensor:
         """Invariant graph embeddings (B, readout_dim): mean and max of node embeddings per node
         type, and the mean of the final edge features per forward relation."""
-        h, e = self._propagate(g)
+        h, e = self.embeddings(g)
         parts = []
         with g.local_scope():
             for t in NODE_TYPES:

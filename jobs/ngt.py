@@ -20,7 +20,7 @@ import dgl
 import torch
 from torch import nn
 
-from jobs.ngnn import NGGNN, NGGNNConfig, _key, edge_index, mlp
+from jobs.ngnn import NGGNN, NGGNNConfig, _key, mlp
 from pipeline.neural_graph.graph import NODE_TYPES
 
 
@@ -106,16 +106,9 @@ class NGT(NGGNN):
                                                              heads=cfg.heads, dropout=cfg.dropout)
                                     for _ in range(cfg.layers))
 
-    def _propagate(self, g):
-        h = self.encode_nodes(g, self.probes(g) if self.probes is not None else None)
-        e = {et: self.edge_in(g.edges[et].data["w"]) + self.rel_emb[_key(et)] for et in self.cfg.etypes
-             if et in g.canonical_etypes}
-        structure = edge_index(g, self.cfg.etypes)
+    def propagate(self, g, h: dict, e: dict, structure: dict) -> tuple[dict, dict]:
         flat = flat_edges(g, self.cfg.etypes, structure)
         x = torch.cat([h[t] for t in NODE_TYPES], 0)
         for layer in self.layers:
             x, e = layer(flat, x, e)
-        h = {t: x[flat.offsets[t]:flat.offsets[t] + flat.counts[t]] for t in NODE_TYPES}
-        if self.quasi is not None:
-            h, e = self.quasi(g, h, e, structure)
-        return h, e
+        return {t: x[flat.offsets[t]:flat.offsets[t] + flat.counts[t]] for t in NODE_TYPES}, e

@@ -63,7 +63,7 @@ class GraphEditor(nn.Module):
 
     def forward(self, g) -> tuple[dict, dict]:
         """Per forward edge type (E_t, K) weight changes and per node type (N_t, K) bias changes."""
-        h, e = self.backbone._propagate(g)
+        h, e = self.backbone.embeddings(g)
         edge_out = {}
         for et in self.backbone.forward_etypes:
             if et not in e or g.num_edges(et) == 0:
