@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from pipeline.errors import GraphValidationError, SpecError
-from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS, NeuralGraph
+from pipeline.neural_graph.concat import source_nodes
+from pipeline.neural_graph.graph import DIAGONAL_RELATIONS, NODE_TYPES, RELATIONS, NeuralGraph
 from pipeline.neural_graph.plan import Plan
 
 
@@ -70,14 +71,17 @@ def graph_from_plan(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGrap
     Kh, Kw = plan.kernel_shape
     srcs, dsts, rels, opids, weights = [], [], [], [], []
     for i, op in enumerate(plan.ops):
-        so, do = offsets[op["src_layer"]], offsets[op["dst_layer"]]
+        do = offsets[op["dst_layer"]]
+        inputs = source_nodes(op, offsets, sizes)
         kh, kw = op["kernel"]
         top, left = _frame((kh, kw), (Kh, Kw))
-        if op["relation"] in ("norm", "residual"):
+        if op["relation"] in DIAGONAL_RELATIONS:
             c = sizes[op["dst_layer"]]
-            idx = np.arange(c)
-            src, dst = so + idx, do + idx
-            vals = np.ones(c, np.float32) if op.get("weight_key") is None else _as_numpy(state[op["weight_key"]])
+            if inputs.shape[0] != c:
+                raise SpecError(f"op {i} ({op['kind']}) joins {inputs.shape[0]} neurons to {c}")
+            src, dst = inputs, do + np.arange(c)
+            vals = np.ones(c, np.float32) if op.get("weight_key") is None else \
+                _as_numpy(state[op["weight_key"]]).reshape(c)
             w = np.zeros((c, Kh, Kw), np.float32)
             w[:, top, left] = vals
             w = w.reshape(c, Kh * Kw)
@@ -85,11 +89,11 @@ def graph_from_plan(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGrap
                 extra[do:do + c, 0] = _as_numpy(state[op["mean_key"]])
                 extra[do:do + c, 1] = _as_numpy(state[op["var_key"]])
         else:
-            blocks, groups = _dense_blocks(op, state, int(sizes[op["src_layer"]]))
+            blocks, groups = _dense_blocks(op, state, int(inputs.shape[0]))
             cout, cin_g = blocks.shape[:2]
             o = np.arange(cout)[:, None]
             j = np.arange(cin_g)[None, :]
-            src = (so + (o // (cout // groups)) * cin_g + j).reshape(-1)
+            src = inputs[((o // (cout // groups)) * cin_g + j).reshape(-1)]
             dst = np.broadcast_to(do + o, (cout, cin_g)).reshape(-1)
             w = np.zeros((cout, cin_g, Kh, Kw), np.float32)
             w[:, :, top:top + kh, left:left + kw] = blocks
@@ -127,33 +131,39 @@ def state_dict_from_graph(graph: NeuralGraph) -> dict[str, torch.Tensor]:
     order = np.argsort(graph.edge_op, kind="stable")
     starts = np.searchsorted(graph.edge_op[order], np.arange(len(graph.ops) + 1))
     out: dict[str, torch.Tensor] = {}
+    local = np.full(graph.num_nodes, -1, np.int64)      # node -> index among the current op's inputs
     for i, op in enumerate(graph.ops):
         e = order[starts[i]:starts[i + 1]]
-        so, do = offsets[op["src_layer"]], offsets[op["dst_layer"]]
+        do = offsets[op["dst_layer"]]
         kh, kw = op["kernel"]
         top, left = _frame((kh, kw), (Kh, Kw))
         w = graph.weight[e].reshape(-1, Kh, Kw)
-        src, dst = graph.src[e] - so, graph.dst[e] - do
+        dst = graph.dst[e] - do
         c = int(sizes[op["dst_layer"]])
-        if op["relation"] in ("norm", "residual"):
+        if op["relation"] in DIAGONAL_RELATIONS:
             if op["relation"] == "norm" and op.get("weight_key"):
                 gamma = np.zeros(c, np.float32)
                 gamma[dst] = w[:, top, left]
-                out[op["weight_key"]] = torch.from_numpy(gamma)
+                out[op["weight_key"]] = torch.from_numpy(gamma.reshape(op.get("param_shape", [c])))
             if op["kind"] == "batch_norm":
                 out[op["mean_key"]] = torch.from_numpy(graph.extra[do:do + c, 0].copy())
                 out[op["var_key"]] = torch.from_numpy(graph.extra[do:do + c, 1].copy())
                 if op.get("nbt_key"):
                     out[op["nbt_key"]] = torch.tensor(graph.buffers[op["nbt_key"]], dtype=torch.int64)
         else:
-            cin = int(sizes[op["src_layer"]])
+            inputs = source_nodes(op, offsets, sizes)
+            local[inputs] = np.arange(inputs.shape[0])
+            src = local[graph.src[e]]
+            local[inputs] = -1
+            if e.shape[0] and src.min() < 0:
+                raise GraphValidationError(f"op {i} ({op['kind']}) has an edge from a neuron it does not read")
+            cin = int(inputs.shape[0])
             groups = op.get("groups", 1)
             cin_g = cin // groups
             if e.shape[0] != c * cin_g:
                 raise GraphValidationError(f"op {i} ({op['kind']}) has {e.shape[0]} edges, expected {c * cin_g}")
             blocks = np.zeros((c, cin_g, kh, kw), np.float32)
-            local = src - (dst // (c // groups)) * cin_g
-            blocks[dst, local] = w[:, top:top + kh, left:left + kw]
+            blocks[dst, src - (dst // (c // groups)) * cin_g] = w[:, top:top + kh, left:left + kw]
             shape = op["weight_shape"]
             if op["kind"] == "embedding":
                 weight = blocks.reshape(c, cin).T.copy()
