@@ -23,6 +23,7 @@ import torch
 from pipeline.errors import UnsupportedModuleError
 from pipeline.neural_graph.concat import SPLIT_OPS, ConcatOps, layer_map, source_of, whole_layer
 from pipeline.neural_graph.gate import GateOps
+from pipeline.neural_graph.layout import PERMUTE_OPS, RESTRIDE_OPS, LayoutOps
 
 aten = torch.ops.aten
 _getitem = operator.getitem
@@ -134,7 +135,7 @@ def _shape(node) -> tuple[int, ...]:
     return tuple(int(s) for s in val.shape)
 
 
-class _Tracer(ConcatOps, GateOps):
+class _Tracer(ConcatOps, GateOps, LayoutOps):
     def __init__(self, exported):
         self.ep = exported
         sig = exported.graph_signature
@@ -301,6 +302,10 @@ class _Tracer(ConcatOps, GateOps):
             return self.transpose(node)
         if t is aten.mul.Tensor:
             return self.mul(node)
+        if t in PERMUTE_OPS:
+            return self.permute(node)
+        if t in RESTRIDE_OPS:
+            return self.restride(node)
         raise _unsupported(node, "not covered by the neural-graph converter")
 
     def conv(self, node) -> None:

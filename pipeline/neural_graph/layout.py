@@ -1,0 +1,57 @@
+"""Layout operations that only move axes: the neurons stay the channels.
+
+``permute`` between channels-first feature maps ``(N, C, *S)`` and channels-last ones
+``(N, *S, C)`` (ConvNeXt's and Swin's LayerNorm over channels, ViT's patch tokens) moves the
+neuron axis without touching a value: the traced value keeps its neurons and spatial extent and
+only flips where its neuron axis is. Permutations that reorder the spatial axes among themselves
+(which would change what a later kernel sees) are refused. An ``as_strided`` that keeps the shape
+and reads the tensor in its contiguous order (how a pooled ``(N, C, 1, 1)`` map is re-laid out)
+is the identity.
+"""
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+PERMUTE_OPS = (aten.permute.default,)
+RESTRIDE_OPS = (aten.as_strided.default,)
+
+
+def _contiguous_strides(shape) -> list[int]:
+    out, step = [], 1
+    for s in reversed(shape):
+        out.append(step)
+        step *= s
+    return out[::-1]
+
+
+class LayoutOps:
+    """Tracer handler for ``aten.permute`` (mixed into plan._Tracer)."""
+
+    def permute(self, node) -> None:
+        x, dims = node.args[:2]
+        v = self.val(node, x)
+        ndim = len(dims)
+        dims = [d % ndim for d in dims]
+        if v.folded is not None or v.tokens or self.axes(v) != 1 or dims[0] != 0:
+            raise self.unsupported(node, "permute that moves the batch or regrouped channels", f"dims={dims}")
+        neuron = ndim - 1 if v.channels_last else 1
+        out_neuron = dims.index(neuron)
+        spatial_order = [d for d in dims[1:] if d != neuron]
+        if spatial_order != sorted(spatial_order) or out_neuron not in (1, ndim - 1):
+            raise self.unsupported(node, "permute that reorders the positions", f"dims={dims}")
+        channels_last = out_neuron == ndim - 1 and ndim > 2
+        self.steps.append({"step": "permute", "layer": self.layers_of(v)[0], "dims": dims})
+        self.vals[node.name] = type(v)(v.layer, channels_last, v.spatial, None, nmap=v.nmap)
+
+    def restride(self, node) -> None:
+        x, size, stride = node.args[:3]
+        offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset", 0)
+        v = self.val(node, x)
+        shape = list(x.meta["val"].shape)
+        want = _contiguous_strides(shape)
+        same = all(a == b or n == 1 for a, b, n in zip(stride, want, shape))
+        if list(size) != shape or not same or offset not in (0, None) or not x.meta["val"].is_contiguous():
+            raise self.unsupported(node, "as_strided that moves values", f"size={list(size)} stride={list(stride)}")
+        self.vals[node.name] = v
