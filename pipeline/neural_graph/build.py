@@ -36,8 +36,9 @@ def _dense_blocks(op: dict, state: Mapping, src_size: int):
     if "rows" in op:                        # q / k / v: row blocks of one in-projection tensor
         w = w[op["rows"][0]:op["rows"][1]]
     kh, kw = op["kernel"]
-    if op["kind"] == "embedding":
-        return w.T.reshape(w.shape[1], w.shape[0], 1, 1), 1   # dst = embedding dim, src = token
+    if op["relation"] == "embedding":               # dst = embedding dim, src = token / position / class neuron
+        w = w.reshape(op["weight_shape"])
+        return w.T.reshape(w.shape[1], w.shape[0], 1, 1), 1
     if op["kind"] == "linear":
         return w.reshape(w.shape[0], src_size, kh, kw), 1
     return w.reshape(w.shape[0], w.shape[1], kh, kw), op["groups"]
@@ -165,8 +166,8 @@ def state_dict_from_graph(graph: NeuralGraph) -> dict[str, torch.Tensor]:
             blocks = np.zeros((c, cin_g, kh, kw), np.float32)
             blocks[dst, src - (dst // (c // groups)) * cin_g] = w[:, top:top + kh, left:left + kw]
             shape = op["weight_shape"]
-            if op["kind"] == "embedding":
-                weight = blocks.reshape(c, cin).T.copy()
+            if op["relation"] == "embedding":
+                weight = blocks.reshape(c, cin).T.copy().reshape(op.get("param_shape", shape))
             else:
                 weight = blocks.reshape(shape)
             if "rows" in op:                # one row block of a shared in-projection tensor

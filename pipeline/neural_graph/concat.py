@@ -94,6 +94,9 @@ class ConcatOps:
 
     def cat(self, node) -> None:
         tensors, dim = node.args[0], (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0))
+        parts = [self.vals.get(t.name) if isinstance(t, torch.fx.Node) else None for t in tensors]
+        if any(isinstance(p, tuple) and p[0] == "param_expand" for p in parts):
+            return self.token_cat(node, parts, dim)                 # class tokens: tokens.py
         vals = [self.val(node, t) for t in tensors]
         ndim = len(node.meta["val"].shape)
         first = vals[0]

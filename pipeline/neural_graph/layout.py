@@ -6,7 +6,8 @@ neuron axis without touching a value: the traced value keeps its neurons and spa
 only flips where its neuron axis is. Permutations that reorder the spatial axes among themselves
 (which would change what a later kernel sees) are refused. An ``as_strided`` that keeps the shape
 and reads the tensor in its contiguous order (how a pooled ``(N, C, 1, 1)`` map is re-laid out)
-is the identity.
+is the identity, and so is a slice that keeps a whole axis (``x[:, 0]`` exports as one); a slice
+of the neuron axis keeps those neurons.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ aten = torch.ops.aten
 
 PERMUTE_OPS = (aten.permute.default,)
 RESTRIDE_OPS = (aten.as_strided.default,)
+SLICE_OPS = (aten.slice.Tensor,)
 
 
 def _contiguous_strides(shape) -> list[int]:
@@ -55,3 +57,19 @@ class LayoutOps:
         if list(size) != shape or not same or offset not in (0, None) or not x.meta["val"].is_contiguous():
             raise self.unsupported(node, "as_strided that moves values", f"size={list(size)} stride={list(stride)}")
         self.vals[node.name] = v
+
+    def slice(self, node) -> None:
+        x = node.args[0]
+        dim, start, end, step = (list(node.args[1:]) + [0, None, None, 1][len(node.args) - 1:])[:4]
+        v = self.val(node, x)
+        shape = list(x.meta["val"].shape)
+        dim = dim % len(shape)
+        start, end, step = start or 0, shape[dim] if end is None else min(end, shape[dim]), step or 1
+        if (start, end, step) == (0, shape[dim], 1):
+            self.vals[node.name] = v
+            return
+        neuron = len(shape) - 1 if v.channels_last else 1
+        if dim == neuron and self.axes(v) == 1 and v.folded is None and not v.tokens:
+            self.vals[node.name] = self.from_map(self.neuron_map(v)[start:end:step], v)
+            return
+        raise self.unsupported(node, "slice of positions", f"dim={dim} {start}:{end}:{step}")

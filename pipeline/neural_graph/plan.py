@@ -23,7 +23,8 @@ import torch
 from pipeline.errors import UnsupportedModuleError
 from pipeline.neural_graph.concat import SPLIT_OPS, ConcatOps, layer_map, source_of, whole_layer
 from pipeline.neural_graph.gate import GateOps
-from pipeline.neural_graph.layout import PERMUTE_OPS, RESTRIDE_OPS, LayoutOps
+from pipeline.neural_graph.layout import PERMUTE_OPS, RESTRIDE_OPS, SLICE_OPS, LayoutOps
+from pipeline.neural_graph.tokens import EXPAND_OPS, SELECT_OPS, TokenOps
 
 aten = torch.ops.aten
 _getitem = operator.getitem
@@ -135,7 +136,7 @@ def _shape(node) -> tuple[int, ...]:
     return tuple(int(s) for s in val.shape)
 
 
-class _Tracer(ConcatOps, GateOps, LayoutOps):
+class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
     def __init__(self, exported):
         self.ep = exported
         sig = exported.graph_signature
@@ -306,6 +307,12 @@ class _Tracer(ConcatOps, GateOps, LayoutOps):
             return self.permute(node)
         if t in RESTRIDE_OPS:
             return self.restride(node)
+        if t in SLICE_OPS:
+            return self.slice(node)
+        if t in EXPAND_OPS:
+            return self.expand(node)
+        if t in SELECT_OPS:
+            return self.select(node)
         raise _unsupported(node, "not covered by the neural-graph converter")
 
     def conv(self, node) -> None:
@@ -427,8 +434,12 @@ class _Tracer(ConcatOps, GateOps, LayoutOps):
 
     def add(self, node) -> None:
         a, b = node.args[:2]
-        if isinstance(b, torch.fx.Node) and b.name in self.param_of and isinstance(self.vals.get(a.name), _Val):
-            return self.bias_add(node, self.vals[a.name], b)
+        for x, p in ((a, b), (b, a)):
+            if isinstance(p, torch.fx.Node) and p.name in self.param_of and isinstance(self.vals.get(x.name), _Val):
+                v = self.vals[x.name]
+                if len(self.state[self.param_of[p.name]].shape) > 1:
+                    return self.position_add(node, v, p)
+                return self.bias_add(node, v, p)
         if node.kwargs.get("alpha", 1) != 1 or not isinstance(b, torch.fx.Node):
             raise _unsupported(node, "addition of a constant or a scaled tensor")
         va, vb = self.val(node, a), self.val(node, b)

@@ -128,7 +128,7 @@ def scale_classes(graph: NeuralGraph, steps: list[dict] | None = None) -> tuple[
         elif op["relation"] == "gate":
             for layer in source_layers(op):
                 allowed[layer] = set()
-        elif op["relation"].startswith("attn_") or op["kind"] == "embedding":
+        elif op["relation"].startswith("attn_") or op["relation"] == "embedding":
             allowed[d] = set()
         elif op["kind"] == "layer_norm":
             for layer in source_layers(op):
