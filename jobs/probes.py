@@ -21,7 +21,8 @@ def _activate(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     out = x.clone()
     fns = {"relu": torch.relu, "gelu": nn.functional.gelu, "silu": nn.functional.silu, "tanh": torch.tanh,
            "sigmoid": torch.sigmoid, "leaky_relu": nn.functional.leaky_relu, "relu6": nn.functional.relu6,
-           "hardswish": nn.functional.hardswish, "sin": torch.sin, "hardsigmoid": nn.functional.hardsigmoid}
+           "hardswish": nn.functional.hardswish, "sin": torch.sin, "hardsigmoid": nn.functional.hardsigmoid,
+           "gelu_tanh": lambda t: nn.functional.gelu(t, approximate="tanh")}
     for name, fn in fns.items():
         mask = codes == ACTIVATIONS.index(name)
         if mask.any():

@@ -33,6 +33,8 @@ def _frame(kernel: tuple[int, int], frame: tuple[int, int]) -> tuple[int, int]:
 def _dense_blocks(op: dict, state: Mapping, src_size: int):
     """Weight of a linear/conv/embedding op as (Cout, Cin_per_group, kh, kw) and its group count."""
     w = _as_numpy(state[op["weight_key"]])
+    if op.get("transposed"):                # GPT-2's Conv1D keeps its weight as (in, out)
+        w = w.T
     if "rows" in op:                        # q / k / v: row blocks of one in-projection tensor
         w = w[op["rows"][0]:op["rows"][1]]
     kh, kw = op["kernel"]
@@ -173,14 +175,19 @@ def state_dict_from_graph(graph: NeuralGraph) -> dict[str, torch.Tensor]:
             if "rows" in op:                # one row block of a shared in-projection tensor
                 r0, r1 = op["rows"]
                 full = out.setdefault(op["weight_key"], torch.zeros(op["param_shape"]))
-                full[r0:r1] = torch.from_numpy(np.ascontiguousarray(weight))
+                if op.get("transposed"):
+                    full[:, r0:r1] = torch.from_numpy(np.ascontiguousarray(weight.T))
+                else:
+                    full[r0:r1] = torch.from_numpy(np.ascontiguousarray(weight))
             else:
+                weight = weight.T if op.get("transposed") else weight
                 out[op["weight_key"]] = torch.from_numpy(np.ascontiguousarray(weight))
         if op.get("bias_key"):
             b = torch.from_numpy(graph.bias[do:do + c].copy())
             if "rows" in op:
                 r0, r1 = op["rows"]
-                out.setdefault(op["bias_key"], torch.zeros(op["param_shape"][0]))[r0:r1] = b
+                rows = op["param_shape"][1 if op.get("transposed") else 0]
+                out.setdefault(op["bias_key"], torch.zeros(rows))[r0:r1] = b
             else:
                 out[op["bias_key"]] = b
     return out

@@ -148,4 +148,6 @@ class ConcatOps:
         if self.axes(v) == 2 and not v.channels_last and {d0 % ndim, d1 % ndim} == {1, 2}:
             self.vals[node.name] = self.from_map(self.neuron_map(v).transpose(1, 0, 2), v)
             return
-        raise self.unsupported(node, "transpose other than a channel shuffle")
+        dims = list(range(ndim))
+        dims[d0 % ndim], dims[d1 % ndim] = dims[d1 % ndim], dims[d0 % ndim]
+        self.move_axes(node, v, dims)                       # layout.py: a permute of two axes

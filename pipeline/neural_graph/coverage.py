@@ -8,6 +8,7 @@ entry bit for bit.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,10 +44,10 @@ def expected_counts(plan, state) -> tuple[int, int, int]:
             edges += out
             weight_entries += int(state[op["weight_key"]].numel()) if op.get("weight_key") else 0
             continue
-        w = state[op["weight_key"]]
+        numel = math.prod(op["weight_shape"])       # this op's share of its parameter (q/k/v rows)
         area = op["kernel"][0] * op["kernel"][1]
-        edges += int(w.numel()) // area
-        weight_entries += int(w.numel())
+        edges += numel // area
+        weight_entries += numel
     return nodes, edges, weight_entries
 
 

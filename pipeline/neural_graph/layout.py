@@ -33,7 +33,10 @@ class LayoutOps:
 
     def permute(self, node) -> None:
         x, dims = node.args[:2]
-        v = self.val(node, x)
+        self.move_axes(node, self.val(node, x), list(dims))
+
+    def move_axes(self, node, v, dims: list[int]) -> None:
+        """A permute (or a transpose, as one) of value ``v``'s axes."""
         ndim = len(dims)
         dims = [d % ndim for d in dims]
         if v.folded is not None or v.tokens or self.axes(v) != 1 or dims[0] != 0:

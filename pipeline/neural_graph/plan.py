@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from pipeline.errors import UnsupportedModuleError
+from pipeline.neural_graph.attention_core import AttentionCoreOps, attention_cores
+from pipeline.neural_graph.composite import CompositeOps, composite_activations
 from pipeline.neural_graph.concat import SPLIT_OPS, ConcatOps, layer_map, source_of, whole_layer
 from pipeline.neural_graph.gate import GateOps
 from pipeline.neural_graph.layout import PERMUTE_OPS, RESTRIDE_OPS, SLICE_OPS, LayoutOps
@@ -136,8 +138,13 @@ def _shape(node) -> tuple[int, ...]:
     return tuple(int(s) for s in val.shape)
 
 
-class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
-    def __init__(self, exported):
+CONST = "const"          # a value computed from constants only (masks, position ids): no neurons
+
+
+class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, CompositeOps):
+    Val = _Val
+
+    def __init__(self, exported, constant_keys: frozenset = frozenset()):
         self.ep = exported
         sig = exported.graph_signature
         self.param_of: dict[str, str] = {}
@@ -152,7 +159,10 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
         self.vals: dict[str, Any] = {}
         self.used_keys: set[str] = set()
         self.blocks = _attention_blocks(exported.graph)
+        self.cores = attention_cores(exported.graph, _clean_path)
+        self.composites = composite_activations(exported.graph, _clean_path)
         self.done_blocks: set[str] = set()
+        self.constant_keys = set(constant_keys)     # non-persistent buffers: constants, not state
 
     # -------------------------------------------------------------- helpers
     def new_layer(self, size: int, kind: str) -> int:
@@ -176,6 +186,16 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
         if not isinstance(v, _Val):
             raise _unsupported(node, "input that is not a neuron tensor")
         return v
+
+    def is_constant(self, node) -> bool:
+        """Whether a node reads only constants (or nothing): arange, ones, masks, position ids."""
+        for a in node.all_input_nodes:
+            if self.vals.get(a.name) == CONST or self.param_of.get(a.name) in self.constant_keys:
+                continue
+            if a.op == "placeholder" and a.name in self.param_of and self.param_of[a.name] not in self.state:
+                continue                        # lifted tensor constant
+            return False
+        return True
 
     def unsupported(self, node, what: str, detail: str = "") -> UnsupportedModuleError:
         return _unsupported(node, what, detail)
@@ -259,6 +279,19 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
             if block.path not in self.done_blocks:
                 self.done_blocks.add(block.path)
                 self.attention_block(node, block)
+            return
+        core = self.cores.get(node.name)
+        if core is not None:
+            if node is core.nodes[-1]:          # read at its last node: every input is known by then
+                self.attention_core(node, core)
+            return
+        comp = self.composites.get(node.name)
+        if comp is not None:
+            if node is comp.nodes[-1]:
+                self.composite_activation(node, comp)
+            return
+        if self.is_constant(node):
+            self.vals[node.name] = CONST
             return
         if t is aten._transformer_encoder_layer_fwd.default:
             return self.encoder_layer(node)
@@ -348,7 +381,9 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
             x, w, b = (list(node.args) + [None])[:3]
             wt = ("direct", w)
         ref = self.vals.get(wt.name) if isinstance(wt, torch.fx.Node) else wt
-        if not (isinstance(ref, tuple) and ref[0] in ("param_t", "direct")):
+        if isinstance(wt, torch.fx.Node) and wt.name in self.param_of:
+            ref = ("in_out", wt)                # x @ W with W stored (in, out): GPT-2's Conv1D
+        if not (isinstance(ref, tuple) and ref[0] in ("param_t", "direct", "in_out")):
             raise _unsupported(node, "matrix product with a non-parameter operand")
         wkey = self.key(ref[1])
         bkey = self.key(b)
@@ -356,11 +391,16 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
             raise _unsupported(node, "linear layer whose weight is not a parameter")
         v = self.val(node, x)
         out_f, in_f = (int(s) for s in self.state[wkey].shape)
+        transposed = ref[0] == "in_out"
+        if transposed:
+            out_f, in_f = in_f, out_f
         size = self.width(v)
         if v.folded is not None and v.nmap is not None:
             raise _unsupported(node, "linear layer on a flattened map of concatenated channels")
         if v.folded is not None:
             fold = v.folded
+            if transposed:
+                raise _unsupported(node, "(in, out) weight on a flattened map")
             if size * math.prod(fold) != in_f:
                 raise _unsupported(node, "linear layer whose inputs do not match the flattened map")
             kh, kw = (1, fold[0]) if len(fold) == 1 else (fold[0], fold[1]) if len(fold) == 2 else (1, 1)
@@ -373,7 +413,8 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
         src = self.source(node, v)
         dst = self.new_layer(out_f, "linear")
         self.add_op(node, kind="linear", relation=relation, **src, dst_layer=dst, weight_key=wkey,
-                    bias_key=bkey, weight_shape=[out_f, in_f], kernel=[kh, kw], groups=1)
+                    bias_key=bkey, weight_shape=[out_f, in_f], kernel=[kh, kw], groups=1,
+                    **({"transposed": True} if transposed else {}))
         self.vals[node.name] = _Val(dst, True, v.spatial if v.channels_last else ())
 
     def _norm_target(self, node, v: _Val, kind: str) -> int:
@@ -409,7 +450,6 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
 
     def activation(self, node) -> None:
         x = node.args[0]
-        v = self.val(node, x)
         if node.target is aten.hardtanh.default:
             lo, hi = (list(node.args[1:]) + [-1.0, 1.0])[:2]
             if (lo, hi) != (0.0, 6.0):
@@ -419,18 +459,26 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
             name = _ACTIVATION_OPS[node.target]
             if name == "leaky_relu" and len(node.args) > 1 and float(node.args[1]) != 0.01:
                 raise _unsupported(node, "leaky_relu with a slope other than 0.01")
-            if name == "gelu" and node.kwargs.get("approximate", "none") != "none":
-                raise _unsupported(node, "tanh-approximated gelu")
+            if name == "gelu" and node.kwargs.get("approximate", "none") == "tanh":
+                name = "gelu_tanh"
+        self.apply_activation(node, x, name, node)
+
+    def apply_activation(self, node, x, name: str, result, inside: set | None = None) -> None:
+        """Give the layer of value ``x`` the activation ``name``; ``result`` is the activated
+        node. ``inside``: node names of a composite activation (their reads of ``x`` are its own)."""
+        v = self.val(node, x)
+        readers = [u for u in x.users if u.name not in (inside or ())]
         if v.layer is None:
             raise _unsupported(node, f"{name} on concatenated neurons",
                                "activations must follow a layer whose outputs are used only by the activation")
         layer = self.layers[v.layer]
-        if v.layer == 0 or layer.activation != "identity" or len(x.users) > 1 or v.folded is not None:
+        if v.layer == 0 or layer.activation != "identity" or len(readers) > (0 if inside else 1) \
+                or v.folded is not None:
             raise _unsupported(node, f"{name} where the graph cannot hold it",
                                "activations must follow a layer whose outputs are used only by the activation")
         layer.activation = name
         self.steps.append({"step": "activation", "fn": name, "layer": v.layer})
-        self.vals[node.name] = v
+        self.vals[result.name] = v
 
     def add(self, node) -> None:
         a, b = node.args[:2]
@@ -573,6 +621,9 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
     def reshape(self, node) -> None:
         v = self.val(node, node.args[0])
         out = _shape(node)
+        if v.tokens:
+            self.vals[node.name] = _Val(None, True, tuple(out[1:]), tokens=True)
+            return
         if self.group_view(node, v, out):
             return
         if self.axes(v) != 1:
@@ -599,8 +650,9 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
         w, idx = node.args[:2]
         v = self.vals.get(idx.name)
         wkey = self.key(w)
-        if not (isinstance(v, _Val) and v.tokens) or wkey is None or self.layers:
-            raise _unsupported(node, "embedding that is not the first layer")
+        if not ((isinstance(v, _Val) and v.tokens) or v == CONST) or wkey is None:
+            raise _unsupported(node, "embedding of something other than the input tokens or constant ids",
+                               "positions, token types")
         num, dim = (int(s) for s in self.state[wkey].shape)
         src = self.new_layer(num, "input")
         dst = self.new_layer(dim, "embedding")
@@ -613,7 +665,7 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps):
             raise UnsupportedModuleError("", "a network whose output is not a neuron layer")
         kh = max(op["kernel"][0] for op in self.ops)
         kw = max(op["kernel"][1] for op in self.ops)
-        state_keys = list(self.state.keys())
+        state_keys = [k for k in self.state.keys() if k not in self.constant_keys]
         unused = [k for k in state_keys if k not in self.used_keys]
         if unused:
             raise UnsupportedModuleError(unused[0].rsplit(".", 1)[0], "parameters the traced graph never reads",
@@ -676,9 +728,10 @@ def architecture_signature(plan: Plan) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def plan_from_exported(exported) -> Plan:
-    """Trace a ``torch.export.ExportedProgram`` into a Plan (raises UnsupportedModuleError)."""
-    return _Tracer(exported).run()
+def plan_from_exported(exported, constant_keys=frozenset()) -> Plan:
+    """Trace a ``torch.export.ExportedProgram`` into a Plan (raises UnsupportedModuleError).
+    ``constant_keys``: buffers that are not part of the state dict (non-persistent ones)."""
+    return _Tracer(exported, frozenset(constant_keys)).run()
 
 
 def export_module(model: torch.nn.Module, example_input: torch.Tensor):
@@ -697,4 +750,4 @@ def plan_from_module(model: torch.nn.Module, example_input: torch.Tensor) -> Pla
     except Exception as exc:  # torch.export failures: data-dependent control flow, etc.
         raise UnsupportedModuleError(type(model).__name__, "a module torch.export cannot trace",
                                      str(exc).splitlines()[0][:200]) from exc
-    return plan_from_exported(exported)
+    return plan_from_exported(exported, set(exported.state_dict) - set(model.state_dict()))
