@@ -46,16 +46,9 @@ def _dense_blocks(op: dict, state: Mapping, src_size: int):
     return w.reshape(w.shape[0], w.shape[1], kh, kw), op["groups"]
 
 
-def graph_from_plan(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGraph:
-    """Build the neural graph of one checkpoint of the plan's architecture.
-
-    Args:
-        plan: the traced architecture.
-        state: its state dict (parameters and buffers).
-    Shapes:
-        nodes N = sum of neuron-layer sizes; edges E = sum over ops of their edge counts;
-        edge features Kh*Kw with (Kh, Kw) = plan.kernel_shape.
-    """
+def graph_nodes(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGraph:
+    """The neural graph's nodes (types, layers, positions, biases, batch-norm statistics) with no
+    edges yet; ``op_edges`` gives the edges operation by operation."""
     missing = [k for k in plan.state_keys if k not in state]
     if missing:
         raise SpecError(f"state dict lacks {len(missing)} entries the architecture needs, e.g. {missing[:3]}")
@@ -72,54 +65,96 @@ def graph_from_plan(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGrap
     bias = np.zeros(n, dtype=np.float32)
     extra = np.full((n, 2), np.nan, dtype=np.float32)
     Kh, Kw = plan.kernel_shape
-    srcs, dsts, rels, opids, weights = [], [], [], [], []
-    for i, op in enumerate(plan.ops):
+    for op in plan.ops:
         do = offsets[op["dst_layer"]]
-        inputs = source_nodes(op, offsets, sizes)
-        kh, kw = op["kernel"]
-        top, left = _frame((kh, kw), (Kh, Kw))
-        if op["relation"] in DIAGONAL_RELATIONS:
-            c = sizes[op["dst_layer"]]
-            if inputs.shape[0] != c:
-                raise SpecError(f"op {i} ({op['kind']}) joins {inputs.shape[0]} neurons to {c}")
-            src, dst = inputs, do + np.arange(c)
-            vals = np.ones(c, np.float32) if op.get("weight_key") is None else \
-                _as_numpy(state[op["weight_key"]]).reshape(c)
-            w = np.zeros((c, Kh, Kw), np.float32)
-            w[:, top, left] = vals
-            w = w.reshape(c, Kh * Kw)
-            if op["kind"] == "batch_norm":
-                extra[do:do + c, 0] = _as_numpy(state[op["mean_key"]])
-                extra[do:do + c, 1] = _as_numpy(state[op["var_key"]])
-        else:
-            blocks, groups = _dense_blocks(op, state, int(inputs.shape[0]))
-            cout, cin_g = blocks.shape[:2]
-            o = np.arange(cout)[:, None]
-            j = np.arange(cin_g)[None, :]
-            src = inputs[((o // (cout // groups)) * cin_g + j).reshape(-1)]
-            dst = np.broadcast_to(do + o, (cout, cin_g)).reshape(-1)
-            w = np.zeros((cout, cin_g, Kh, Kw), np.float32)
-            w[:, :, top:top + kh, left:left + kw] = blocks
-            w = w.reshape(cout * cin_g, Kh * Kw)
         if op.get("bias_key"):
             b = _as_numpy(state[op["bias_key"]])
             if "rows" in op:
                 b = b[op["rows"][0]:op["rows"][1]]
             bias[do:do + b.shape[0]] = b
-        srcs.append(src)
-        dsts.append(dst)
-        rels.append(np.full(src.shape[0], RELATIONS.index(op["relation"]), np.int8))
-        opids.append(np.full(src.shape[0], i, np.int32))
-        weights.append(w)
+        if op["kind"] == "batch_norm":
+            c = sizes[op["dst_layer"]]
+            extra[do:do + c, 0] = _as_numpy(state[op["mean_key"]])
+            extra[do:do + c, 1] = _as_numpy(state[op["var_key"]])
     buffers = {k: int(_as_numpy(state[k])) for k in plan.buffer_keys}
-    graph = NeuralGraph(
+    empty = np.zeros(0, np.int64)
+    return NeuralGraph(
         node_type=node_type, node_layer=node_layer, node_position=node_position, bias=bias, extra=extra,
-        layer_activation=[layer.activation for layer in plan.layers],
-        src=np.concatenate(srcs).astype(np.int64), dst=np.concatenate(dsts).astype(np.int64),
-        relation=np.concatenate(rels), edge_op=np.concatenate(opids),
-        weight=np.concatenate(weights).astype(np.float32, copy=False),
+        layer_activation=[layer.activation for layer in plan.layers], src=empty, dst=empty.copy(),
+        relation=np.zeros(0, np.int8), edge_op=np.zeros(0, np.int32), weight=np.zeros((0, Kh * Kw), np.float32),
         kernel_shape=(Kh, Kw), ops=plan.ops, buffers=buffers)
+
+
+def op_edges(plan: Plan, state: Mapping[str, torch.Tensor], i: int):
+    """Edges of operation ``i``: (src, dst) int64 node indices, relation int8, edge_op int32 and
+    weight (E_i, Kh*Kw) float32, in the order graph_from_plan stores them."""
+    sizes = np.array([layer.size for layer in plan.layers], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    Kh, Kw = plan.kernel_shape
+    op = plan.ops[i]
+    do = offsets[op["dst_layer"]]
+    inputs = source_nodes(op, offsets, sizes)
+    kh, kw = op["kernel"]
+    top, left = _frame((kh, kw), (Kh, Kw))
+    if op["relation"] in DIAGONAL_RELATIONS:
+        c = sizes[op["dst_layer"]]
+        if inputs.shape[0] != c:
+            raise SpecError(f"op {i} ({op['kind']}) joins {inputs.shape[0]} neurons to {c}")
+        src, dst = inputs, do + np.arange(c)
+        vals = np.ones(c, np.float32) if op.get("weight_key") is None else \
+            _as_numpy(state[op["weight_key"]]).reshape(c)
+        w = np.zeros((c, Kh, Kw), np.float32)
+        w[:, top, left] = vals
+        w = w.reshape(c, Kh * Kw)
+    else:
+        blocks, groups = _dense_blocks(op, state, int(inputs.shape[0]))
+        cout, cin_g = blocks.shape[:2]
+        o = np.arange(cout)[:, None]
+        j = np.arange(cin_g)[None, :]
+        src = inputs[((o // (cout // groups)) * cin_g + j).reshape(-1)]
+        dst = np.broadcast_to(do + o, (cout, cin_g)).reshape(-1)
+        w = np.zeros((cout, cin_g, Kh, Kw), np.float32)
+        w[:, :, top:top + kh, left:left + kw] = blocks
+        w = w.reshape(cout * cin_g, Kh * Kw)
+    return (src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False),
+            np.full(src.shape[0], RELATIONS.index(op["relation"]), np.int8), np.full(src.shape[0], i, np.int32), w)
+
+
+def graph_from_plan(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGraph:
+    """Build the neural graph of one checkpoint of the plan's architecture.
+
+    Args:
+        plan: the traced architecture.
+        state: its state dict (parameters and buffers).
+    Shapes:
+        nodes N = sum of neuron-layer sizes; edges E = sum over ops of their edge counts;
+        edge features Kh*Kw with (Kh, Kw) = plan.kernel_shape.
+    """
+    graph = graph_nodes(plan, state)
+    counts = [expected_edges(plan, op) for op in plan.ops]
+    total = int(sum(counts))
+    Kh, Kw = plan.kernel_shape
+    graph.src, graph.dst = np.empty(total, np.int64), np.empty(total, np.int64)
+    graph.relation, graph.edge_op = np.empty(total, np.int8), np.empty(total, np.int32)
+    graph.weight = np.empty((total, Kh * Kw), np.float32)
+    at = 0
+    for i in range(len(plan.ops)):                       # filled in place: no second copy of the edges
+        parts = op_edges(plan, state, i)
+        k = parts[0].shape[0]
+        if k != counts[i]:
+            raise SpecError(f"op {i} ({plan.ops[i]['kind']}) makes {k} edges, expected {counts[i]}")
+        for name, arr in zip(("src", "dst", "relation", "edge_op", "weight"), parts):
+            getattr(graph, name)[at:at + k] = arr
+        at += k
     return graph.validate()
+
+
+def expected_edges(plan: Plan, op: dict) -> int:
+    """Number of edges an operation makes: one per destination neuron for a diagonal relation,
+    one per (output, input-per-group) pair of its weight otherwise."""
+    if op["relation"] in DIAGONAL_RELATIONS:
+        return int(plan.layers[op["dst_layer"]].size)
+    return int(np.prod(op["weight_shape"])) // (op["kernel"][0] * op["kernel"][1])
 
 
 def state_dict_from_graph(graph: NeuralGraph) -> dict[str, torch.Tensor]:
