@@ -483,7 +483,8 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
     def add(self, node) -> None:
         a, b = node.args[:2]
         for x, p in ((a, b), (b, a)):
-            if isinstance(p, torch.fx.Node) and p.name in self.param_of and isinstance(self.vals.get(x.name), _Val):
+            if (isinstance(p, torch.fx.Node) and p.name in self.param_of and isinstance(x, torch.fx.Node)
+                    and isinstance(self.vals.get(x.name), _Val)):
                 v = self.vals[x.name]
                 if len(self.state[self.param_of[p.name]].shape) > 1:
                     return self.position_add(node, v, p)
