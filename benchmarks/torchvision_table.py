@@ -1,6 +1,7 @@
 """Print the README's torchvision coverage table: every classification builder, converted or not.
 
     .venv/bin/python benchmarks/torchvision_table.py > /tmp/table.md
+    .venv/bin/python benchmarks/torchvision_table.py vit_l_32 wide_resnet50_2   # only these rows
 """
 import sys
 import warnings
@@ -10,7 +11,7 @@ import torchvision
 from pipeline.neural_graph.coverage import check_builder
 
 warnings.filterwarnings("ignore")
-names = sorted(torchvision.models.list_models(module=torchvision.models))
+names = sys.argv[1:] or sorted(torchvision.models.list_models(module=torchvision.models))
 rows = []
 print("| builder | result | params | nodes | edges | note |\n|---|---|---:|---:|---:|---|")
 for name in names:

@@ -39,6 +39,9 @@ def permutable_classes(graph: NeuralGraph) -> dict[int, list[int]]:
 
 
 def check_same_architecture(a: NeuralGraph, b: NeuralGraph) -> None:
+    if any(op.get("src_segments") is not None for op in a.ops):
+        raise JobError("alignment covers operations that read one neuron layer each; this architecture "
+                       "concatenates layers (torch.cat), which alignment does not handle yet")
     if (a.num_layers != b.num_layers or not np.array_equal(a.layer_sizes(), b.layer_sizes())
             or a.kernel_shape != b.kernel_shape or len(a.ops) != len(b.ops)
             or any(x["kind"] != y["kind"] or x["src_layer"] != y["src_layer"] or x["dst_layer"] != y["dst_layer"]

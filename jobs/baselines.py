@@ -29,7 +29,7 @@ MAX_LAYERS = 16
 WEIGHT_STATS = (
     "SELECT model_id, layer, avg(x), var_pop(x), quantile_cont(x, [0.0, 0.25, 0.5, 0.75, 1.0]) FROM "
     "(SELECT model_id, layer, unnest(weight) AS x FROM edges JOIN _sel USING (model_id) "
-    " WHERE CAST(relation AS VARCHAR) <> 'residual') WHERE x <> 0 GROUP BY model_id, layer")
+    " WHERE CAST(relation AS VARCHAR) NOT IN ('residual', 'gate')) WHERE x <> 0 GROUP BY model_id, layer")
 BIAS_STATS = (
     "SELECT model_id, layer, avg(bias), var_pop(bias), quantile_cont(bias, [0.0, 0.25, 0.5, 0.75, 1.0]) "
     "FROM nodes JOIN _sel USING (model_id) WHERE CAST(node_type AS VARCHAR) <> 'input' GROUP BY model_id, layer")
@@ -52,19 +52,19 @@ def statnn_features(con, model_ids: Sequence[str]) -> np.ndarray:
 
 def statnn_features_of_graphs(graphs: Sequence) -> np.ndarray:
     """``statnn_features`` of in-memory NeuralGraphs (e.g. rescaled test models), computed as the
-    SQL does: weights by operation without residual edges, non-zero values only; biases by neuron
+    SQL does: weights by operation without residual and gate edges (constant 1), non-zero values only; biases by neuron
     layer without input nodes; population variance, linearly interpolated quantiles."""
     from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS
 
     width = len(STAT_NAMES)
     feats = np.full((len(graphs), 2, MAX_LAYERS, width), np.nan)
-    residual, inp = RELATIONS.index("residual"), NODE_TYPES.index("input")
+    unit, inp = [RELATIONS.index("residual"), RELATIONS.index("gate")], NODE_TYPES.index("input")
 
     def stats(x):
         return [x.mean(), x.var(), *np.quantile(x, QUANTILES)]
 
     for i, g in enumerate(graphs):
-        keep = g.relation != residual
+        keep = ~np.isin(g.relation, unit)
         for op in np.unique(g.edge_op[keep]):
             if op < MAX_LAYERS:
                 x = g.weight[keep & (g.edge_op == op)].astype(np.float64).ravel()
@@ -81,9 +81,9 @@ def statnn_features_of_graphs(graphs: Sequence) -> np.ndarray:
 SHAPE_QUERY = (
     "SELECT m.model_id, ln(m.num_params), a.num_layers, a.num_ops, ln(a.num_nodes), m.kernel_h, m.kernel_w, "
     "count(*) FILTER (WHERE l.relation = 'norm'), count(*) FILTER (WHERE l.relation = 'residual'), "
-    "avg(l.out_size) FILTER (WHERE l.relation NOT IN ('norm', 'residual')), "
-    "max(l.out_size) FILTER (WHERE l.relation NOT IN ('norm', 'residual')), "
-    "min(l.out_size) FILTER (WHERE l.relation NOT IN ('norm', 'residual')), "
+    "avg(l.out_size) FILTER (WHERE l.relation NOT IN ('norm', 'residual', 'gate')), "
+    "max(l.out_size) FILTER (WHERE l.relation NOT IN ('norm', 'residual', 'gate')), "
+    "min(l.out_size) FILTER (WHERE l.relation NOT IN ('norm', 'residual', 'gate')), "
     "string_agg(DISTINCT l.activation, ',') "
     "FROM models m JOIN _sel USING (model_id) JOIN architectures a USING (architecture_id) "
     "JOIN layers l USING (model_id) GROUP BY ALL")

@@ -21,7 +21,8 @@ def _activate(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     out = x.clone()
     fns = {"relu": torch.relu, "gelu": nn.functional.gelu, "silu": nn.functional.silu, "tanh": torch.tanh,
            "sigmoid": torch.sigmoid, "leaky_relu": nn.functional.leaky_relu, "relu6": nn.functional.relu6,
-           "hardswish": nn.functional.hardswish, "sin": torch.sin}
+           "hardswish": nn.functional.hardswish, "sin": torch.sin, "hardsigmoid": nn.functional.hardsigmoid,
+           "gelu_tanh": lambda t: nn.functional.gelu(t, approximate="tanh")}
     for name, fn in fns.items():
         mask = codes == ACTIVATIONS.index(name)
         if mask.any():
@@ -65,7 +66,7 @@ class ProbeFeatures(nn.Module):
 
 
 def check_probe_graph(etypes) -> None:
-    """Refuse edge types a scalar forward pass cannot run (conv kernels, norms, attention)."""
+    """Refuse edge types a scalar forward pass cannot run (conv kernels, norms, attention, gates)."""
     from zoocore.errors import JobError
 
     bad = sorted({et[1] for et in etypes if not et[1].startswith("rev_")} - _FORWARD)

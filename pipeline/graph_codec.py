@@ -59,17 +59,29 @@ def graph_tables(ids: Sequence[str], graphs: Sequence[NeuralGraph]) -> dict[str,
         "running_var": pa.array(extra[:, 1], pa.float32(), from_pandas=True),
     }, schema=NODES)
     lengths = np.concatenate([np.full(g.num_edges, g.weight.shape[1], np.int64) for g in graphs])
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    values = pa.array(np.concatenate([g.weight.reshape(-1) for g in graphs]), pa.float32())
-    edges = pa.table({
-        "model_id": _repeat_strings(ids, e_counts),
-        "src": pa.array(np.concatenate([g.src for g in graphs])),
-        "dst": pa.array(np.concatenate([g.dst for g in graphs])),
-        "relation": _dict_codes(np.concatenate([g.relation for g in graphs]), RELATIONS),
-        "layer": pa.array(np.concatenate([g.edge_op for g in graphs]).astype(np.int32)),
-        "weight": pa.ListArray.from_arrays(pa.array(offsets), values),
-    }, schema=EDGES)
+    edges = _edges_table(_repeat_strings(ids, e_counts), np.concatenate([g.src for g in graphs]),
+                         np.concatenate([g.dst for g in graphs]), np.concatenate([g.relation for g in graphs]),
+                         np.concatenate([g.edge_op for g in graphs]), lengths,
+                         np.concatenate([g.weight.reshape(-1) for g in graphs]))
     return {"nodes": nodes, "edges": edges}
+
+
+def _edges_table(model_ids: pa.Array, src, dst, relation, layer, lengths, values) -> pa.Table:
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.table({
+        "model_id": model_ids, "src": pa.array(src), "dst": pa.array(dst),
+        "relation": _dict_codes(relation, RELATIONS), "layer": pa.array(np.asarray(layer).astype(np.int32)),
+        "weight": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.float32())),
+    }, schema=EDGES)
+
+
+def edges_batch(model_id: str, src: np.ndarray, dst: np.ndarray, relation: np.ndarray, layer: np.ndarray,
+                weight: np.ndarray) -> pa.Table:
+    """The ``edges`` rows of one block of one model's edges (e.g. one operation), for writers that
+    stream a graph op by op instead of holding it whole (pipeline.neural_graph.stream)."""
+    n = src.shape[0]
+    return _edges_table(_repeat_strings([model_id], [n]), src, dst, relation, layer,
+                        np.full(n, weight.shape[1], np.int64), weight.reshape(-1))
 
 
 # --------------------------------------------------------------------------- reading

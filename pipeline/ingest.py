@@ -34,6 +34,7 @@ from graphstore.column_types import established_types
 from graphstore.schema import ARCHITECTURES, INGEST_ERRORS, LAYERS, MODEL_CORE
 from pipeline import checkpoints
 from pipeline.graph_codec import graph_tables
+from pipeline.neural_graph.concat import in_size, source_layers
 from pipeline.neural_graph.convert import PlanCache, convert_checkpoint
 from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan
@@ -178,15 +179,17 @@ def _convert_star(args):
 # --------------------------------------------------------------------------- tables
 def summarize_plan(plan: Plan) -> str:
     parts = []
+    sizes = [layer.size for layer in plan.layers]
     for op in plan.ops:
-        src, dst = plan.layers[op["src_layer"]], plan.layers[op["dst_layer"]]
+        dst = plan.layers[op["dst_layer"]]
         act = "" if dst.activation == "identity" else f" {dst.activation}"
+        src = "+".join(str(s) for s in source_layers(op))           # several: reads a concatenation
         if op["kind"] in ("conv", "linear"):
             k = f" {op['kernel'][0]}x{op['kernel'][1]}" if op["relation"] == "conv" else ""
             g = f" g{op['groups']}" if op.get("groups", 1) > 1 else ""
-            parts.append(f"{op['kind']}({src.size}->{dst.size}{k}{g}){act}")
-        elif op["kind"] == "residual":
-            parts.append(f"residual({op['src_layer']}->{op['dst_layer']}){act}")
+            parts.append(f"{op['kind']}({in_size(op, sizes)}->{dst.size}{k}{g}){act}")
+        elif op["kind"] in ("residual", "gate"):
+            parts.append(f"{op['kind']}({src}->{op['dst_layer']}){act}")
         else:
             parts.append(f"{op['kind']}({dst.size}){act}")
     return " | ".join(parts)
@@ -241,7 +244,7 @@ def tables_for(records: list[ModelRecord], zoo: str, types: dict[str, pa.DataTyp
         for i, op in enumerate(r.plan.ops):
             for k, v in (("model_id", r.model_id), ("layer", i), ("kind", op["kind"]), ("relation", op["relation"]),
                          ("src_layer", op["src_layer"]), ("dst_layer", op["dst_layer"]),
-                         ("in_size", sizes[op["src_layer"]]), ("out_size", sizes[op["dst_layer"]]),
+                         ("in_size", in_size(op, sizes)), ("out_size", sizes[op["dst_layer"]]),
                          ("weight_shape", op.get("weight_shape")), ("kernel_h", op["kernel"][0]),
                          ("kernel_w", op["kernel"][1]), ("groups", op.get("groups", 1)),
                          ("activation", r.plan.layers[op["dst_layer"]].activation), ("path", op.get("path")),

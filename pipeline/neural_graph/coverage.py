@@ -2,16 +2,20 @@
 
 For a converted network, the graph must account for every parameter: the native kernel area of
 each weight edge sums to the weight count, every output neuron of a parametric layer is a node
-carrying its bias, and every residual edge joins two neurons of equal layers.
+carrying its bias, and every residual edge joins two neurons of equal layers. Where the graph is
+built, the exact inverse is checked too: ``state_dict_from_graph`` gives back every state-dict
+entry bit for bit.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from pipeline.neural_graph.build import graph_from_plan
+from pipeline.neural_graph.build import graph_from_plan, state_dict_from_graph
+from pipeline.neural_graph.graph import DIAGONAL_RELATIONS, RELATIONS
 from pipeline.neural_graph.plan import plan_from_module
 from zoocore.errors import UnsupportedModuleError
 
@@ -25,7 +29,7 @@ class CoverageRow:
     params: int
     nodes: int | None = None
     edges: int | None = None
-    materialised: bool = False
+    materialised: bool = False          # graph built, counts and exact inverse checked
     reason: str = ""
 
 
@@ -36,14 +40,14 @@ def expected_counts(plan, state) -> tuple[int, int, int]:
     weight_entries = 0
     for op in plan.ops:
         out = plan.layers[op["dst_layer"]].size
-        if op["relation"] in ("norm", "residual"):
+        if op["relation"] in DIAGONAL_RELATIONS:
             edges += out
             weight_entries += int(state[op["weight_key"]].numel()) if op.get("weight_key") else 0
             continue
-        w = state[op["weight_key"]]
+        numel = math.prod(op["weight_shape"])       # this op's share of its parameter (q/k/v rows)
         area = op["kernel"][0] * op["kernel"][1]
-        edges += int(w.numel()) // area
-        weight_entries += int(w.numel())
+        edges += numel // area
+        weight_entries += numel
     return nodes, edges, weight_entries
 
 
@@ -65,9 +69,23 @@ def check_builder(name: str, image: int = 64) -> CoverageRow:
         return CoverageRow(name, "converts", params, nodes, edges, False)
     g = graph_from_plan(plan, state)
     area = np.array([op["kernel"][0] * op["kernel"][1] for op in plan.ops])[g.edge_op]
-    param_edges = np.isin(g.relation, [0, 1, 4])                    # linear, conv, embedding
+    param_edges = ~np.isin(g.relation, [RELATIONS.index(r) for r in DIAGONAL_RELATIONS])
     assert (g.num_nodes, g.num_edges) == (nodes, edges), (name, g.num_nodes, nodes, g.num_edges, edges)
     norm_w = sum(int(state[op["weight_key"]].numel()) for op in plan.ops
                  if op["relation"] == "norm" and op.get("weight_key"))
     assert int(area[param_edges].sum()) + norm_w == weight_entries
+    check_exact_inverse(g, state, name)
     return CoverageRow(name, "converts", params, g.num_nodes, g.num_edges, True)
+
+
+def check_exact_inverse(graph, state, name: str = "model") -> None:
+    """Assert that the graph inverts into ``state``: the same keys, shapes, dtypes and bits."""
+    back = state_dict_from_graph(graph)
+    if set(back) != set(state):
+        raise AssertionError(f"{name}: inverse keys differ: missing {sorted(set(state) - set(back))[:3]}, "
+                             f"extra {sorted(set(back) - set(state))[:3]}")
+    for k, v in state.items():
+        b = back[k]
+        if b.shape != v.shape or b.dtype != v.dtype or not torch.equal(b, v):
+            raise AssertionError(f"{name}: inverse of {k} differs ({tuple(b.shape)} {b.dtype} vs "
+                                 f"{tuple(v.shape)} {v.dtype})")

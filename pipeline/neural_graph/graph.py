@@ -15,8 +15,12 @@ import numpy as np
 from zoocore.errors import GraphValidationError
 
 NODE_TYPES = ("input", "hidden", "output")
-RELATIONS = ("linear", "conv", "norm", "residual", "embedding", "attn_q", "attn_k", "attn_v", "attn_o")
-ACTIVATIONS = ("identity", "relu", "gelu", "silu", "tanh", "sigmoid", "leaky_relu", "relu6", "hardswish", "sin")
+# Codes are stored (Parquet dictionaries, DGL edge types): append new names, never reorder.
+RELATIONS = ("linear", "conv", "norm", "residual", "embedding", "attn_q", "attn_k", "attn_v", "attn_o", "gate")
+ACTIVATIONS = ("identity", "relu", "gelu", "silu", "tanh", "sigmoid", "leaky_relu", "relu6", "hardswish", "sin",
+               "hardsigmoid", "gelu_tanh")
+# Relations whose edges join channel c to channel c (one edge per destination neuron).
+DIAGONAL_RELATIONS = ("norm", "residual", "gate")
 
 
 @dataclass

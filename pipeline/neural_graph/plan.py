@@ -17,8 +17,15 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
+from pipeline.neural_graph.attention_core import AttentionCoreOps, attention_cores
+from pipeline.neural_graph.composite import CompositeOps, composite_activations
+from pipeline.neural_graph.concat import SPLIT_OPS, ConcatOps, layer_map, source_of, whole_layer
+from pipeline.neural_graph.gate import GateOps
+from pipeline.neural_graph.layout import PERMUTE_OPS, RESTRIDE_OPS, SLICE_OPS, LayoutOps
+from pipeline.neural_graph.tokens import EXPAND_OPS, SELECT_OPS, TokenOps
 from zoocore.errors import UnsupportedModuleError
 
 aten = torch.ops.aten
@@ -28,6 +35,7 @@ _ACTIVATION_OPS = {
     aten.relu.default: "relu", aten.gelu.default: "gelu", aten.silu.default: "silu",
     aten.tanh.default: "tanh", aten.sigmoid.default: "sigmoid", aten.leaky_relu.default: "leaky_relu",
     aten.hardswish.default: "hardswish", aten.sin.default: "sin",
+    aten.hardsigmoid.default: "hardsigmoid",
 }
 _PASSTHROUGH_OPS = {aten.clone.default, aten.alias.default, aten.detach.default, aten.dropout.default,
                     aten.contiguous.default, aten.lift_fresh_copy.default}
@@ -76,11 +84,12 @@ class Plan:
 class _Val:
     """What an fx value is, in neuron terms."""
 
-    layer: int | None            # neuron layer whose neurons index this tensor's neuron axis
+    layer: int | None            # neuron layer whose neurons index this tensor's neuron axis (None: see nmap)
     channels_last: bool          # neuron axis last (vectors, tokens) or dim 1 (feature maps)
     spatial: tuple[int, ...]     # per-neuron extent: (H, W) maps, (L,) 1d maps, () vectors
     folded: tuple[int, ...] | None = None   # tensor is flatten(neurons x folded) into features
     tokens: bool = False         # integer token ids (before an embedding)
+    nmap: Any = None             # (..., 2) (layer, position) per neuron index when not one whole layer
 
 
 def _clean_path(path) -> str:
@@ -103,7 +112,7 @@ def _unsupported(node, what: str, detail: str = "") -> UnsupportedModuleError:
     path, typ = _module_path(node)
     target = getattr(node.target, "__name__", str(node.target))
     return UnsupportedModuleError(path, f"{typ} (operation {target})" if typ != "<function>" else f"operation {target}",
-                                  detail)
+                                  f"{what}: {detail}" if detail else what)
 
 
 def _feeds_convolution(node) -> bool:
@@ -129,8 +138,13 @@ def _shape(node) -> tuple[int, ...]:
     return tuple(int(s) for s in val.shape)
 
 
-class _Tracer:
-    def __init__(self, exported):
+CONST = "const"          # a value computed from constants only (masks, position ids): no neurons
+
+
+class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, CompositeOps):
+    Val = _Val
+
+    def __init__(self, exported, constant_keys: frozenset = frozenset()):
         self.ep = exported
         sig = exported.graph_signature
         self.param_of: dict[str, str] = {}
@@ -145,7 +159,10 @@ class _Tracer:
         self.vals: dict[str, Any] = {}
         self.used_keys: set[str] = set()
         self.blocks = _attention_blocks(exported.graph)
+        self.cores = attention_cores(exported.graph, _clean_path)
+        self.composites = composite_activations(exported.graph, _clean_path)
         self.done_blocks: set[str] = set()
+        self.constant_keys = set(constant_keys)     # non-persistent buffers: constants, not state
 
     # -------------------------------------------------------------- helpers
     def new_layer(self, size: int, kind: str) -> int:
@@ -169,6 +186,46 @@ class _Tracer:
         if not isinstance(v, _Val):
             raise _unsupported(node, "input that is not a neuron tensor")
         return v
+
+    def is_constant(self, node) -> bool:
+        """Whether a node reads only constants (or nothing): arange, ones, masks, position ids."""
+        for a in node.all_input_nodes:
+            if self.vals.get(a.name) == CONST or self.param_of.get(a.name) in self.constant_keys:
+                continue
+            if a.op == "placeholder" and a.name in self.param_of and self.param_of[a.name] not in self.state:
+                continue                        # lifted tensor constant
+            return False
+        return True
+
+    def unsupported(self, node, what: str, detail: str = "") -> UnsupportedModuleError:
+        return _unsupported(node, what, detail)
+
+    def axes(self, v: _Val) -> int:
+        """Number of neuron axes of a value (2 while a channel shuffle is in flight)."""
+        return 1 if v.nmap is None else v.nmap.ndim - 1
+
+    def width(self, v: _Val) -> int:
+        """Number of neurons along a value's neuron axis."""
+        return self.layers[v.layer].size if v.nmap is None else int(math.prod(v.nmap.shape[:-1]))
+
+    def neuron_map(self, v: _Val) -> np.ndarray:
+        return layer_map(v.layer, self.layers[v.layer].size) if v.nmap is None else v.nmap
+
+    def from_map(self, nmap: np.ndarray, like: _Val) -> _Val:
+        """A value of ``like``'s layout whose neurons are ``nmap`` (a plain layer value when it is one)."""
+        layer = whole_layer(nmap, [x.size for x in self.layers]) if nmap.ndim == 2 else None
+        return _Val(layer, like.channels_last, like.spatial, like.folded, nmap=None if layer is not None else nmap)
+
+    def source(self, node, v: _Val) -> dict[str, Any]:
+        """``src_layer`` (and ``src_segments`` for a concatenation) of an op reading ``v``."""
+        if self.axes(v) != 1:
+            raise _unsupported(node, "operation on channels regrouped by a view")
+        if v.nmap is None:
+            return {"src_layer": v.layer}
+        return source_of(v.nmap, [x.size for x in self.layers])
+
+    def layers_of(self, v: _Val) -> list[int]:
+        return [v.layer] if v.nmap is None else sorted(set(v.nmap.reshape(-1, 2)[:, 0].tolist()))
 
     def add_op(self, node, **op) -> None:
         path, _ = _module_path(node)
@@ -223,13 +280,27 @@ class _Tracer:
                 self.done_blocks.add(block.path)
                 self.attention_block(node, block)
             return
+        core = self.cores.get(node.name)
+        if core is not None:
+            if node is core.nodes[-1]:          # read at its last node: every input is known by then
+                self.attention_core(node, core)
+            return
+        comp = self.composites.get(node.name)
+        if comp is not None:
+            if node is comp.nodes[-1]:
+                self.composite_activation(node, comp)
+            return
+        if self.is_constant(node):
+            self.vals[node.name] = CONST
+            return
         if t is aten._transformer_encoder_layer_fwd.default:
             return self.encoder_layer(node)
         if t is _getitem:
             src = self.vals.get(node.args[0].name)
             if isinstance(src, tuple):
-                if node.args[1] == 0:
-                    self.vals[node.name] = src[0]
+                i = node.args[1]
+                if i < len(src) and src[i] is not None:
+                    self.vals[node.name] = src[i]
                 return
             raise _unsupported(node, "indexing into a tensor")
         if t in _PASSTHROUGH_OPS:
@@ -257,6 +328,24 @@ class _Tracer:
             return self.reshape(node)
         if t is aten.embedding.default:
             return self.embedding(node)
+        if t is aten.cat.default:
+            return self.cat(node)
+        if t in SPLIT_OPS:
+            return self.split(node)
+        if t is aten.transpose.int:
+            return self.transpose(node)
+        if t is aten.mul.Tensor:
+            return self.mul(node)
+        if t in PERMUTE_OPS:
+            return self.permute(node)
+        if t in RESTRIDE_OPS:
+            return self.restride(node)
+        if t in SLICE_OPS:
+            return self.slice(node)
+        if t in EXPAND_OPS:
+            return self.expand(node)
+        if t in SELECT_OPS:
+            return self.select(node)
         raise _unsupported(node, "not covered by the neural-graph converter")
 
     def conv(self, node) -> None:
@@ -271,10 +360,11 @@ class _Tracer:
         cout, cin_g = wshape[0], wshape[1]
         kernel = wshape[2:]
         kh, kw = (1, kernel[0]) if len(kernel) == 1 else (kernel[0], kernel[1])
-        if cin_g * groups != self.layers[v.layer].size or v.folded is not None:
+        if cin_g * groups != self.width(v) or v.folded is not None:
             raise _unsupported(node, "convolution whose input channels do not match the neurons")
+        src = self.source(node, v)
         dst = self.new_layer(cout, "conv")
-        self.add_op(node, kind="conv", relation="conv", src_layer=v.layer, dst_layer=dst, weight_key=wkey,
+        self.add_op(node, kind="conv", relation="conv", **src, dst_layer=dst, weight_key=wkey,
                     bias_key=self.key(b), weight_shape=wshape, kernel=[kh, kw], groups=int(groups),
                     stride=list(stride), padding=list(padding), dilation=list(dilation))
         self.vals[node.name] = _Val(dst, False, _shape(node)[2:])
@@ -291,7 +381,9 @@ class _Tracer:
             x, w, b = (list(node.args) + [None])[:3]
             wt = ("direct", w)
         ref = self.vals.get(wt.name) if isinstance(wt, torch.fx.Node) else wt
-        if not (isinstance(ref, tuple) and ref[0] in ("param_t", "direct")):
+        if isinstance(wt, torch.fx.Node) and wt.name in self.param_of:
+            ref = ("in_out", wt)                # x @ W with W stored (in, out): GPT-2's Conv1D
+        if not (isinstance(ref, tuple) and ref[0] in ("param_t", "direct", "in_out")):
             raise _unsupported(node, "matrix product with a non-parameter operand")
         wkey = self.key(ref[1])
         bkey = self.key(b)
@@ -299,9 +391,16 @@ class _Tracer:
             raise _unsupported(node, "linear layer whose weight is not a parameter")
         v = self.val(node, x)
         out_f, in_f = (int(s) for s in self.state[wkey].shape)
-        size = self.layers[v.layer].size
+        transposed = ref[0] == "in_out"
+        if transposed:
+            out_f, in_f = in_f, out_f
+        size = self.width(v)
+        if v.folded is not None and v.nmap is not None:
+            raise _unsupported(node, "linear layer on a flattened map of concatenated channels")
         if v.folded is not None:
             fold = v.folded
+            if transposed:
+                raise _unsupported(node, "(in, out) weight on a flattened map")
             if size * math.prod(fold) != in_f:
                 raise _unsupported(node, "linear layer whose inputs do not match the flattened map")
             kh, kw = (1, fold[0]) if len(fold) == 1 else (fold[0], fold[1]) if len(fold) == 2 else (1, 1)
@@ -311,26 +410,29 @@ class _Tracer:
                 raise _unsupported(node, "linear layer whose inputs do not match the neurons",
                                    f"{in_f} inputs, {size} neurons")
             kh, kw, relation = 1, 1, "linear"
+        src = self.source(node, v)
         dst = self.new_layer(out_f, "linear")
-        self.add_op(node, kind="linear", relation=relation, src_layer=v.layer, dst_layer=dst, weight_key=wkey,
-                    bias_key=bkey, weight_shape=[out_f, in_f], kernel=[kh, kw], groups=1)
+        self.add_op(node, kind="linear", relation=relation, **src, dst_layer=dst, weight_key=wkey,
+                    bias_key=bkey, weight_shape=[out_f, in_f], kernel=[kh, kw], groups=1,
+                    **({"transposed": True} if transposed else {}))
         self.vals[node.name] = _Val(dst, True, v.spatial if v.channels_last else ())
 
     def _norm_target(self, node, v: _Val, kind: str) -> int:
-        if v.folded is not None or v.layer is None:
+        if v.folded is not None or v.tokens:
             raise _unsupported(node, f"{kind} over a flattened map")
-        return self.new_layer(self.layers[v.layer].size, "norm")
+        return self.new_layer(self.width(v), "norm")
 
     def batch_norm(self, node) -> None:
         x, w, b, rm, rv, momentum, eps = node.args
         v = self.val(node, x)
+        src = self.source(node, v)
         dst = self._norm_target(node, v, "batch norm")
         wkey = self.key(w)
         prefix = (wkey or self.key(rm) or "").rsplit(".", 1)[0]
         nbt = prefix + ".num_batches_tracked" if prefix + ".num_batches_tracked" in self.state else None
         if nbt:
             self.used_keys.add(nbt)
-        self.add_op(node, kind="batch_norm", relation="norm", src_layer=v.layer, dst_layer=dst, weight_key=wkey,
+        self.add_op(node, kind="batch_norm", relation="norm", **src, dst_layer=dst, weight_key=wkey,
                     bias_key=self.key(b), mean_key=self.key(rm), var_key=self.key(rv), nbt_key=nbt,
                     eps=float(eps), momentum=float(momentum), kernel=[1, 1])
         self.vals[node.name] = (_Val(dst, v.channels_last, v.spatial),)
@@ -338,16 +440,16 @@ class _Tracer:
     def layer_norm(self, node) -> None:
         x, shape, w, b, eps = node.args
         v = self.val(node, x)
-        if not v.channels_last or list(shape) != [self.layers[v.layer].size]:
+        if not v.channels_last or list(shape) != [self.width(v)]:
             raise _unsupported(node, "layer norm over more than the neuron axis", f"normalized_shape={list(shape)}")
+        src = self.source(node, v)
         dst = self._norm_target(node, v, "layer norm")
-        self.add_op(node, kind="layer_norm", relation="norm", src_layer=v.layer, dst_layer=dst,
+        self.add_op(node, kind="layer_norm", relation="norm", **src, dst_layer=dst,
                     weight_key=self.key(w), bias_key=self.key(b), eps=float(eps), kernel=[1, 1])
         self.vals[node.name] = (_Val(dst, v.channels_last, v.spatial),)
 
     def activation(self, node) -> None:
         x = node.args[0]
-        v = self.val(node, x)
         if node.target is aten.hardtanh.default:
             lo, hi = (list(node.args[1:]) + [-1.0, 1.0])[:2]
             if (lo, hi) != (0.0, 6.0):
@@ -357,44 +459,63 @@ class _Tracer:
             name = _ACTIVATION_OPS[node.target]
             if name == "leaky_relu" and len(node.args) > 1 and float(node.args[1]) != 0.01:
                 raise _unsupported(node, "leaky_relu with a slope other than 0.01")
-            if name == "gelu" and node.kwargs.get("approximate", "none") != "none":
-                raise _unsupported(node, "tanh-approximated gelu")
+            if name == "gelu" and node.kwargs.get("approximate", "none") == "tanh":
+                name = "gelu_tanh"
+        self.apply_activation(node, x, name, node)
+
+    def apply_activation(self, node, x, name: str, result, inside: set | None = None) -> None:
+        """Give the layer of value ``x`` the activation ``name``; ``result`` is the activated
+        node. ``inside``: node names of a composite activation (their reads of ``x`` are its own)."""
+        v = self.val(node, x)
+        readers = [u for u in x.users if u.name not in (inside or ())]
+        if v.layer is None:
+            raise _unsupported(node, f"{name} on concatenated neurons",
+                               "activations must follow a layer whose outputs are used only by the activation")
         layer = self.layers[v.layer]
-        if v.layer == 0 or layer.activation != "identity" or len(x.users) > 1 or v.folded is not None:
+        if v.layer == 0 or layer.activation != "identity" or len(readers) > (0 if inside else 1) \
+                or v.folded is not None:
             raise _unsupported(node, f"{name} where the graph cannot hold it",
                                "activations must follow a layer whose outputs are used only by the activation")
         layer.activation = name
         self.steps.append({"step": "activation", "fn": name, "layer": v.layer})
-        self.vals[node.name] = v
+        self.vals[result.name] = v
 
     def add(self, node) -> None:
         a, b = node.args[:2]
-        if isinstance(b, torch.fx.Node) and b.name in self.param_of and isinstance(self.vals.get(a.name), _Val):
-            return self.bias_add(node, self.vals[a.name], b)
+        for x, p in ((a, b), (b, a)):
+            if (isinstance(p, torch.fx.Node) and p.name in self.param_of and isinstance(x, torch.fx.Node)
+                    and isinstance(self.vals.get(x.name), _Val)):
+                v = self.vals[x.name]
+                if len(self.state[self.param_of[p.name]].shape) > 1:
+                    return self.position_add(node, v, p)
+                return self.bias_add(node, v, p)
         if node.kwargs.get("alpha", 1) != 1 or not isinstance(b, torch.fx.Node):
             raise _unsupported(node, "addition of a constant or a scaled tensor")
         va, vb = self.val(node, a), self.val(node, b)
-        if (self.layers[va.layer].size != self.layers[vb.layer].size or va.folded or vb.folded
-                or va.channels_last != vb.channels_last or va.layer == vb.layer):
+        if (self.width(va) != self.width(vb) or va.folded or vb.folded
+                or va.channels_last != vb.channels_last or (va.layer == vb.layer and va.layer is not None)):
             raise _unsupported(node, "addition of tensors that are not matching neuron layers")
         # Fold the skip into an operand that nothing else reads and whose activation is not yet applied.
         for target, other, fx in ((va, vb, a), (vb, va, b)):
+            if target.layer is None:
+                continue
             layer = self.layers[target.layer]
             if target.layer != 0 and layer.activation == "identity" and len(fx.users) == 1 and layer.kind != "input":
-                self.add_op(node, kind="residual", relation="residual", src_layer=other.layer,
+                self.add_op(node, kind="residual", relation="residual", **self.source(node, other),
                             dst_layer=target.layer, kernel=[1, 1])
                 self.vals[node.name] = target
                 return
-        dst = self.new_layer(self.layers[va.layer].size, "add")
-        for src in (va, vb):
-            self.add_op(node, kind="residual", relation="residual", src_layer=src.layer, dst_layer=dst, kernel=[1, 1])
+        srcs = [self.source(node, v) for v in (va, vb)]
+        dst = self.new_layer(self.width(va), "add")
+        for src in srcs:
+            self.add_op(node, kind="residual", relation="residual", **src, dst_layer=dst, kernel=[1, 1])
         self.vals[node.name] = _Val(dst, va.channels_last, va.spatial)
 
     def bias_add(self, node, v: _Val, b) -> None:
         """``mm`` then ``+ bias``: how a linear layer on 3-d input exports; fold the bias into it."""
         key = self.key(b)
         op = self.ops[-1] if self.ops else None
-        if (op is None or op["dst_layer"] != v.layer or op.get("bias_key") is not None or op["kind"] != "linear"
+        if (op is None or v.layer is None or op["dst_layer"] != v.layer or op.get("bias_key") is not None or op["kind"] != "linear"
                 or tuple(self.state[key].shape) != (self.layers[v.layer].size,)):
             raise _unsupported(node, "addition of a parameter that is not the bias of the layer before it")
         op["bias_key"] = key
@@ -403,7 +524,7 @@ class _Tracer:
     def _attention(self, node, v: _Val, embed: int, in_w: str, in_b: str | None, out_w: str,
                    out_b: str | None, heads: int) -> _Val:
         """Q, K, V neuron layers from the input and an O layer from V: four typed edge blocks."""
-        if not v.channels_last or self.layers[v.layer].size != embed:
+        if v.layer is None or not v.channels_last or self.layers[v.layer].size != embed:
             raise _unsupported(node, "attention whose input is not a layer of embed_dim neurons")
         qkv = []
         for i, rel in enumerate(("attn_q", "attn_k", "attn_v")):
@@ -447,6 +568,8 @@ class _Tracer:
         if len(node.args) > 18 and node.args[18] is not None:
             raise _unsupported(node, "encoder layer with an attention mask")
         x = self.val(node, src)
+        if x.layer is None:
+            raise _unsupported(node, "encoder layer on concatenated neurons")
         k = self.key
         act = "gelu" if use_gelu else "relu"
 
@@ -488,40 +611,49 @@ class _Tracer:
         out = _shape(node)
         spatial = out[2:] if len(out) > 2 else ()
         if node.target is aten.mean.dim and len(out) == 2:
-            new = _Val(v.layer, True, ())
+            new = _Val(v.layer, True, (), nmap=v.nmap)
         else:
-            new = _Val(v.layer, False, tuple(spatial))
-        self.steps.append({"step": _POOL_OPS[node.target], "layer": v.layer, "out": list(spatial)})
+            new = _Val(v.layer, False, tuple(spatial), nmap=v.nmap)
+        for layer in self.layers_of(v):
+            self.steps.append({"step": _POOL_OPS[node.target], "layer": layer, "out": list(spatial)})
         self.vals[node.name] = (new, None) if node.target in (aten.max_pool2d_with_indices.default,
                                                                aten.adaptive_max_pool2d.default) else new
 
     def reshape(self, node) -> None:
         v = self.val(node, node.args[0])
         out = _shape(node)
-        size = self.layers[v.layer].size
+        if v.tokens:
+            self.vals[node.name] = _Val(None, True, tuple(out[1:]), tokens=True)
+            return
+        if self.group_view(node, v, out):
+            return
+        if self.axes(v) != 1:
+            raise _unsupported(node, "reshape that mixes neurons", f"to {list(out)}")
+        size = self.width(v)
         if not v.channels_last and v.folded is None:
             per = math.prod(v.spatial)
             if len(out) == 2 and out[1] == size * per:
-                new = _Val(v.layer, True, (), folded=None if per == 1 else tuple(v.spatial))
+                new = _Val(v.layer, True, (), folded=None if per == 1 else tuple(v.spatial), nmap=v.nmap)
             elif len(out) >= 2 and out[1] == size and math.prod(out[2:]) == per:
-                new = _Val(v.layer, len(out) == 2, tuple(out[2:]))
+                new = _Val(v.layer, len(out) == 2, tuple(out[2:]), nmap=v.nmap)
             else:
                 raise _unsupported(node, "reshape that mixes neurons", f"to {list(out)}")
         elif v.channels_last and out and out[-1] == size and v.folded is None:
-            new = _Val(v.layer, True, tuple(out[1:-1]))
+            new = _Val(v.layer, True, tuple(out[1:-1]), nmap=v.nmap)
         elif v.folded is not None and len(out) == 2 and out[1] == size * math.prod(v.folded):
             new = v
         else:
             raise _unsupported(node, "reshape that mixes neurons", f"to {list(out)}")
-        self.steps.append({"step": "reshape", "layer": v.layer, "out": list(out[1:])})
+        self.steps.append({"step": "reshape", "layer": self.layers_of(v)[0], "out": list(out[1:])})
         self.vals[node.name] = new
 
     def embedding(self, node) -> None:
         w, idx = node.args[:2]
         v = self.vals.get(idx.name)
         wkey = self.key(w)
-        if not (isinstance(v, _Val) and v.tokens) or wkey is None or self.layers:
-            raise _unsupported(node, "embedding that is not the first layer")
+        if not ((isinstance(v, _Val) and v.tokens) or v == CONST) or wkey is None:
+            raise _unsupported(node, "embedding of something other than the input tokens or constant ids",
+                               "positions, token types")
         num, dim = (int(s) for s in self.state[wkey].shape)
         src = self.new_layer(num, "input")
         dst = self.new_layer(dim, "embedding")
@@ -530,11 +662,11 @@ class _Tracer:
         self.vals[node.name] = _Val(dst, True, tuple(_shape(node)[1:-1]))
 
     def finish(self, v: _Val) -> Plan:
-        if v.layer in (None, 0) or v.folded is not None:
+        if v.layer in (None, 0) or v.folded is not None or v.nmap is not None:
             raise UnsupportedModuleError("", "a network whose output is not a neuron layer")
         kh = max(op["kernel"][0] for op in self.ops)
         kw = max(op["kernel"][1] for op in self.ops)
-        state_keys = list(self.state.keys())
+        state_keys = [k for k in self.state.keys() if k not in self.constant_keys]
         unused = [k for k in state_keys if k not in self.used_keys]
         if unused:
             raise UnsupportedModuleError(unused[0].rsplit(".", 1)[0], "parameters the traced graph never reads",
@@ -597,9 +729,10 @@ def architecture_signature(plan: Plan) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def plan_from_exported(exported) -> Plan:
-    """Trace a ``torch.export.ExportedProgram`` into a Plan (raises UnsupportedModuleError)."""
-    return _Tracer(exported).run()
+def plan_from_exported(exported, constant_keys=frozenset()) -> Plan:
+    """Trace a ``torch.export.ExportedProgram`` into a Plan (raises UnsupportedModuleError).
+    ``constant_keys``: buffers that are not part of the state dict (non-persistent ones)."""
+    return _Tracer(exported, frozenset(constant_keys)).run()
 
 
 def export_module(model: torch.nn.Module, example_input: torch.Tensor):
@@ -618,4 +751,4 @@ def plan_from_module(model: torch.nn.Module, example_input: torch.Tensor) -> Pla
     except Exception as exc:  # torch.export failures: data-dependent control flow, etc.
         raise UnsupportedModuleError(type(model).__name__, "a module torch.export cannot trace",
                                      str(exc).splitlines()[0][:200]) from exc
-    return plan_from_exported(exported)
+    return plan_from_exported(exported, set(exported.state_dict) - set(model.state_dict()))

@@ -4,13 +4,18 @@ Neurons of a hidden layer can be reordered freely, but some layers move together
 a residual edge or a depthwise conv connects neuron ``c`` to neuron ``c`` of another layer, so
 both layers take the same permutation. Input and output layers never move; neither do the two
 sides of a grouped (non-depthwise) conv, whose group structure a free permutation would break,
-nor the query / key / value neurons of attention (their head structure is left alone).
+nor the query / key / value neurons of attention (their head structure is left alone). A gate
+(``x * g``) ties its gate, gated and output layers like a residual does. An operation reading a
+concatenation ties its destination channel by channel to parts of several layers; such diagonal
+operations fix every layer they touch (a conservative choice: no free permutation is offered
+where one would have to be shared across a slice of a layer).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from pipeline.neural_graph.graph import NODE_TYPES, NeuralGraph
+from pipeline.neural_graph.concat import source_layers
+from pipeline.neural_graph.graph import DIAGONAL_RELATIONS, NODE_TYPES, NeuralGraph
 
 
 def tied_layer_classes(graph: NeuralGraph) -> tuple[list[int], set[int]]:
@@ -26,7 +31,10 @@ def tied_layer_classes(graph: NeuralGraph) -> tuple[list[int], set[int]]:
     fixed: set[int] = set()
     for op in graph.ops:
         s, d = op["src_layer"], op["dst_layer"]
-        if op["relation"] in ("norm", "residual"):
+        if op.get("src_segments") is not None:
+            if op["relation"] in DIAGONAL_RELATIONS or (op["kind"] == "conv" and op.get("groups", 1) > 1):
+                fixed.update(source_layers(op) + [d])
+        elif op["relation"] in DIAGONAL_RELATIONS:
             parent[find(s)] = find(d)
         elif op["relation"] in ("attn_q", "attn_k", "attn_v"):
             fixed.add(d)                            # head structure: q/k/v neurons stay put
@@ -72,7 +80,9 @@ def random_hidden_permutation(graph: NeuralGraph, rng: np.random.Generator) -> n
 # Residual (identity) edges tie their two layers to one factor per channel. A batch norm absorbs any
 # factor of its input (running mean times s, variance times s^2, gamma corrected for eps exactly) and
 # gives its output a factor of its own; a layer norm does not commute with per-neuron factors of its
-# input, so that input layer is fixed. Input, output and attention layers are fixed.
+# input, so that input layer is fixed. Input, output and attention layers are fixed. A gate x * g
+# passes x's factor on (x and the product are tied like a residual); the gate's own layer is fixed.
+# A residual or layer norm reading a concatenation fixes the layers it reads.
 
 SCALE, SIGN = "scale", "sign"
 _ACTIVATION_GROUPS = {"relu": {SCALE}, "leaky_relu": {SCALE}, "tanh": {SIGN}, "sin": {SIGN},
@@ -110,12 +120,19 @@ def scale_classes(graph: NeuralGraph, steps: list[dict] | None = None) -> tuple[
             allowed[layer] = set()
     for op in graph.ops:
         s, d = op["src_layer"], op["dst_layer"]
-        if op["relation"] == "residual":
+        if op["relation"] == "residual" and op.get("src_segments") is not None:
+            for layer in source_layers(op) + [d]:
+                allowed[layer] = set()
+        elif op["relation"] == "residual":
             parent[find(s)] = find(d)
-        elif op["relation"].startswith("attn_") or op["kind"] == "embedding":
+        elif op["relation"] == "gate":
+            for layer in source_layers(op):
+                allowed[layer] = set()
+        elif op["relation"].startswith("attn_") or op["relation"] == "embedding":
             allowed[d] = set()
         elif op["kind"] == "layer_norm":
-            allowed[s] = set()
+            for layer in source_layers(op):
+                allowed[layer] = set()
         elif op["kind"] == "batch_norm" and not op.get("weight_key"):
             allowed[s] = set()            # without gamma, eps makes the normalisation non-homogeneous
             allowed[d] = set()
@@ -152,6 +169,9 @@ def apply_neuron_factors(graph: NeuralGraph, factors: np.ndarray) -> NeuralGraph
         if op["relation"] == "residual":
             if not np.allclose(s[src], s[dst]):
                 raise ValueError(f"op {i} (residual) joins neurons with different factors")
+        elif op["relation"] == "gate":
+            if not np.allclose(s[src], 1.0):
+                raise ValueError(f"op {i} (gate) cannot take factors on its gate neurons")
         elif op["kind"] == "batch_norm":
             ks, ls = s[src], s[dst]
             eps = float(op.get("eps", 1e-5))
@@ -208,7 +228,7 @@ def _incoming_norms(graph: NeuralGraph, weight: np.ndarray, bias: np.ndarray, ex
     sq = np.zeros(graph.num_nodes)
     total = np.zeros(graph.num_nodes)
     for i, op in enumerate(graph.ops):
-        if op["dst_layer"] not in layers or op["relation"] == "residual":
+        if op["dst_layer"] not in layers or op["relation"] in ("residual", "gate"):
             continue
         e = np.flatnonzero(graph.edge_op == i)
         dst = graph.dst[e]

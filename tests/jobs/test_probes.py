@@ -49,7 +49,9 @@ def test_probe_features_permute_with_the_neurons(mlp_zoo):
         (o0, z0), (o1, z1) = model(g0), model(g1)
     # relative to the largest value, as the other equivariance tests: summation order moves the last float bits
     rel = lambda a, b: float((a - b).abs().max() / (b.abs().max() + 1e-12))  # noqa: E731
-    assert rel(o1, o0) < 1e-5 and rel(z1, z0) < 1e-5
+    # the prediction is one small number (~0.007): its relative rounding error reaches ~4e-5 for some
+    # initialisations (measured over seeds); the embeddings stay under 1e-5
+    assert rel(o1, o0) < 1e-4 and rel(z1, z0) < 1e-5
     perturbed = _graph(conv.graph.permuted(perm))[0]
     perturbed.nodes["hidden"].data["bias"] += 0.5          # a different network is told apart
     with torch.no_grad():

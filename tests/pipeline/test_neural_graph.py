@@ -132,7 +132,7 @@ class Cat(nn.Module):
         self.b = nn.Linear(3, 4)
 
     def forward(self, x):
-        return torch.cat([self.a(x), self.b(x)], dim=1)
+        return torch.cat([self.a(x), self.b(x)], dim=0)      # along the batch: mixes samples, not neurons
 
 
 class WithTransposed(nn.Module):
@@ -145,7 +145,7 @@ class WithTransposed(nn.Module):
 
 
 def test_unsupported_modules_name_their_path():
-    with pytest.raises(UnsupportedModuleError, match="cat"):
+    with pytest.raises(UnsupportedModuleError, match="cat.*along an axis other than the neurons"):
         convert_module(Cat(), torch.randn(2, 3))
     with pytest.raises(UnsupportedModuleError, match=r"'up'.*ConvTranspose2d"):
         convert_module(WithTransposed(), torch.randn(2, 2, 4, 4))

@@ -1,0 +1,78 @@
+"""Layout operations that only move axes: the neurons stay the channels.
+
+``permute`` between channels-first feature maps ``(N, C, *S)`` and channels-last ones
+``(N, *S, C)`` (ConvNeXt's and Swin's LayerNorm over channels, ViT's patch tokens) moves the
+neuron axis without touching a value: the traced value keeps its neurons and spatial extent and
+only flips where its neuron axis is. Permutations that reorder the spatial axes among themselves
+(which would change what a later kernel sees) are refused. An ``as_strided`` that keeps the shape
+and reads the tensor in its contiguous order (how a pooled ``(N, C, 1, 1)`` map is re-laid out)
+is the identity, and so is a slice that keeps a whole axis (``x[:, 0]`` exports as one); a slice
+of the neuron axis keeps those neurons.
+"""
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+PERMUTE_OPS = (aten.permute.default,)
+RESTRIDE_OPS = (aten.as_strided.default,)
+SLICE_OPS = (aten.slice.Tensor,)
+
+
+def _contiguous_strides(shape) -> list[int]:
+    out, step = [], 1
+    for s in reversed(shape):
+        out.append(step)
+        step *= s
+    return out[::-1]
+
+
+class LayoutOps:
+    """Tracer handler for ``aten.permute`` (mixed into plan._Tracer)."""
+
+    def permute(self, node) -> None:
+        x, dims = node.args[:2]
+        self.move_axes(node, self.val(node, x), list(dims))
+
+    def move_axes(self, node, v, dims: list[int]) -> None:
+        """A permute (or a transpose, as one) of value ``v``'s axes."""
+        ndim = len(dims)
+        dims = [d % ndim for d in dims]
+        if v.folded is not None or v.tokens or self.axes(v) != 1 or dims[0] != 0:
+            raise self.unsupported(node, "permute that moves the batch or regrouped channels", f"dims={dims}")
+        neuron = ndim - 1 if v.channels_last else 1
+        out_neuron = dims.index(neuron)
+        spatial_order = [d for d in dims[1:] if d != neuron]
+        if spatial_order != sorted(spatial_order) or out_neuron not in (1, ndim - 1):
+            raise self.unsupported(node, "permute that reorders the positions", f"dims={dims}")
+        channels_last = out_neuron == ndim - 1 and ndim > 2
+        self.steps.append({"step": "permute", "layer": self.layers_of(v)[0], "dims": dims})
+        self.vals[node.name] = type(v)(v.layer, channels_last, v.spatial, None, nmap=v.nmap)
+
+    def restride(self, node) -> None:
+        x, size, stride = node.args[:3]
+        offset = node.args[3] if len(node.args) > 3 else node.kwargs.get("storage_offset", 0)
+        v = self.val(node, x)
+        shape = list(x.meta["val"].shape)
+        want = _contiguous_strides(shape)
+        same = all(a == b or n == 1 for a, b, n in zip(stride, want, shape))
+        if list(size) != shape or not same or offset not in (0, None) or not x.meta["val"].is_contiguous():
+            raise self.unsupported(node, "as_strided that moves values", f"size={list(size)} stride={list(stride)}")
+        self.vals[node.name] = v
+
+    def slice(self, node) -> None:
+        x = node.args[0]
+        dim, start, end, step = (list(node.args[1:]) + [0, None, None, 1][len(node.args) - 1:])[:4]
+        v = self.val(node, x)
+        shape = list(x.meta["val"].shape)
+        dim = dim % len(shape)
+        start, end, step = start or 0, shape[dim] if end is None else min(end, shape[dim]), step or 1
+        if (start, end, step) == (0, shape[dim], 1):
+            self.vals[node.name] = v
+            return
+        neuron = len(shape) - 1 if v.channels_last else 1
+        if dim == neuron and self.axes(v) == 1 and v.folded is None and not v.tokens:
+            self.vals[node.name] = self.from_map(self.neuron_map(v)[start:end:step], v)
+            return
+        raise self.unsupported(node, "slice of positions", f"dim={dim} {start}:{end}:{step}")
