@@ -54,7 +54,7 @@ def statnn_features_of_graphs(graphs: Sequence) -> np.ndarray:
     """``statnn_features`` of in-memory NeuralGraphs (e.g. rescaled test models), computed as the
     SQL does: weights by operation without residual and gate edges (constant 1), non-zero values only; biases by neuron
     layer without input nodes; population variance, linearly interpolated quantiles."""
-    from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS
+    from pipeline.neural_graph.vocabulary import NODE_TYPES, RELATIONS
 
     width = len(STAT_NAMES)
     feats = np.full((len(graphs), 2, MAX_LAYERS, width), np.nan)

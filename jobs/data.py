@@ -17,10 +17,11 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from graphstore.sql import run_readonly
-from pipeline.graph_codec import ids_table, read_graphs, read_plans
-from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS, NeuralGraph
-from pipeline.neural_graph.heterograph import CanonicalEtype, build_heterograph, reframe, with_reverses
 from jobs.tasks import task_named
+from pipeline.graph_codec import ids_table, read_graphs, read_plans
+from pipeline.neural_graph.graph import NeuralGraph
+from pipeline.neural_graph.heterograph import CanonicalEtype, build_heterograph, reframe, with_reverses
+from pipeline.neural_graph.vocabulary import NODE_TYPES, RELATIONS
 from zoocore.errors import JobError, QueryRefused, ZooGraphError
 
 SPLITS = ("train", "val", "test")

@@ -18,10 +18,10 @@ import dgl
 import torch
 from torch import nn
 
-from pipeline.neural_graph.heterograph import CanonicalEtype
 from jobs.probes import ProbeFeatures
 from jobs.quasi import QuasiScaling
-from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES
+from pipeline.neural_graph.heterograph import CanonicalEtype
+from pipeline.neural_graph.vocabulary import ACTIVATIONS, NODE_TYPES
 
 
 @dataclass

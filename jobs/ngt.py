@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from jobs.ngnn import NGGNN, NGGNNConfig, _key, mlp
-from pipeline.neural_graph.graph import NODE_TYPES
+from pipeline.neural_graph.vocabulary import NODE_TYPES
 
 
 @dataclass

@@ -12,21 +12,17 @@ import dgl
 import torch
 from torch import nn
 
-from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES
+from pipeline.neural_graph.vocabulary import NODE_TYPES, VOCABULARY
 
 _FORWARD = {"linear", "residual"}
 
 
 def _activate(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     out = x.clone()
-    fns = {"relu": torch.relu, "gelu": nn.functional.gelu, "silu": nn.functional.silu, "tanh": torch.tanh,
-           "sigmoid": torch.sigmoid, "leaky_relu": nn.functional.leaky_relu, "relu6": nn.functional.relu6,
-           "hardswish": nn.functional.hardswish, "sin": torch.sin, "hardsigmoid": nn.functional.hardsigmoid,
-           "gelu_tanh": lambda t: nn.functional.gelu(t, approximate="tanh")}
-    for name, fn in fns.items():
-        mask = codes == ACTIVATIONS.index(name)
-        if mask.any():
-            out[mask] = fn(x[mask])
+    for code, act in enumerate(VOCABULARY):
+        mask = codes == code
+        if act.name != "identity" and mask.any():
+            out[mask] = act.fn(x[mask])
     return out
 
 

@@ -107,7 +107,7 @@ def convert(checkpoint, spec_file):
 
     from pipeline.ingest import summarize_plan
     from pipeline.neural_graph.convert import convert_checkpoint
-    from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS
+    from pipeline.neural_graph.vocabulary import NODE_TYPES, RELATIONS
 
     spec = json.loads(open(spec_file).read()) if spec_file else None
     conv = convert_checkpoint(checkpoint, spec)

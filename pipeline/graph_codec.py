@@ -17,8 +17,9 @@ import pyarrow as pa
 
 from graphstore import duck
 from graphstore.schema import EDGES, NODES
-from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES, RELATIONS, NeuralGraph
+from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan
+from pipeline.neural_graph.vocabulary import ACTIVATIONS, NODE_TYPES, RELATIONS
 from zoocore.errors import CatalogError
 
 NODES_QUERY = ("SELECT model_id, node, node_type, layer, position, bias, running_mean, running_var FROM nodes "

@@ -19,7 +19,7 @@ Layer types and their keys (defaults in brackets):
     conv1d / conv2d: out_channels, kernel_size, stride [1], padding [0], dilation [1], groups [1], bias [true]
     batchnorm: eps [1e-5], momentum [0.1]        (1d or 2d from the input rank)
     layernorm: eps [1e-5]                        (over the last dimension)
-    activation: fn in relu, gelu, silu, tanh, sigmoid, leaky_relu, relu6, hardswish, sin, identity
+    activation: fn in relu, gelu, silu, tanh, sigmoid, leaky_relu, relu6, hardswish, hardsigmoid, sin, identity
     maxpool / avgpool: kernel_size, stride [kernel_size]
     adaptive_avgpool: output_size
     flatten; dropout: p [0.0]
@@ -38,17 +38,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.neural_graph.vocabulary import spec_activations
 from zoocore.errors import SpecError
 
 SPEC_FORMAT = "zoograph.spec/1"
 
-
-
-class Sine(nn.Module):
-    """sin(x), the SIREN activation (the frequency w0 lives in the weights)."""
-
-    def forward(self, x):
-        return torch.sin(x)
 
 
 class Residual(nn.Module):
@@ -62,11 +56,7 @@ class Residual(nn.Module):
         return x + self.body(x)
 
 
-_ACTIVATIONS = {
-    "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid,
-    "leaky_relu": nn.LeakyReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish, "identity": nn.Identity,
-    "sin": Sine,
-}
+_ACTIVATIONS = spec_activations()
 
 
 class SpecNet(nn.Module):

@@ -15,8 +15,9 @@ from jobs.data import LayerStats, layer_stats_of_graphs, normalised_graph, selec
 from jobs.editing.siren import MLPLayout, Params
 from jobs.editing.targets import target_pixels
 from pipeline.neural_graph.build import state_dict_from_graph
-from pipeline.neural_graph.graph import RELATIONS, NeuralGraph
+from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.heterograph import canonical_etypes_of, with_reverses
+from pipeline.neural_graph.vocabulary import RELATIONS
 from zoocore.errors import JobError
 
 LINEAR = RELATIONS.index("linear")

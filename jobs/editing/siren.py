@@ -16,11 +16,12 @@ import numpy as np
 import torch
 
 from pipeline.neural_graph.graph import NeuralGraph
+from pipeline.neural_graph.vocabulary import VOCABULARY
 from zoocore.errors import JobError
 
 Params = list[tuple[torch.Tensor, torch.Tensor]]     # per linear layer: weight (B, out, in), bias (B, out)
 
-ACTIVATIONS = {"sin": torch.sin, "relu": torch.relu, "tanh": torch.tanh, "identity": lambda x: x}
+ACTIVATIONS = {a.name: a.fn for a in VOCABULARY}    # the functional forward applies any of them
 
 
 def pixel_grid(size: int = 8) -> torch.Tensor:

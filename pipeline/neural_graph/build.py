@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from pipeline.neural_graph.concat import source_nodes
-from pipeline.neural_graph.graph import DIAGONAL_RELATIONS, NODE_TYPES, RELATIONS, NeuralGraph
+from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan
+from pipeline.neural_graph.vocabulary import DIAGONAL_RELATIONS, NODE_TYPES, RELATIONS
 from zoocore.errors import GraphValidationError, SpecError
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from pipeline.neural_graph.build import graph_from_plan, state_dict_from_graph
-from pipeline.neural_graph.graph import DIAGONAL_RELATIONS, RELATIONS
 from pipeline.neural_graph.plan import plan_from_module
+from pipeline.neural_graph.vocabulary import DIAGONAL_RELATIONS, RELATIONS
 from zoocore.errors import UnsupportedModuleError
 
 MAX_FEATURE_FLOATS = 150_000_000   # larger graphs are counted from the plan, not materialised

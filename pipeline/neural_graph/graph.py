@@ -12,15 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.neural_graph.vocabulary import ACTIVATIONS, NODE_TYPES, RELATIONS
 from zoocore.errors import GraphValidationError
 
-NODE_TYPES = ("input", "hidden", "output")
-# Codes are stored (Parquet dictionaries, DGL edge types): append new names, never reorder.
-RELATIONS = ("linear", "conv", "norm", "residual", "embedding", "attn_q", "attn_k", "attn_v", "attn_o", "gate")
-ACTIVATIONS = ("identity", "relu", "gelu", "silu", "tanh", "sigmoid", "leaky_relu", "relu6", "hardswish", "sin",
-               "hardsigmoid", "gelu_tanh")
-# Relations whose edges join channel c to channel c (one edge per destination neuron).
-DIAGONAL_RELATIONS = ("norm", "residual", "gate")
 
 
 @dataclass

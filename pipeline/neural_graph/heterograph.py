@@ -13,7 +13,7 @@ import dgl
 import numpy as np
 import torch
 
-from pipeline.neural_graph.graph import ACTIVATIONS, NODE_TYPES, RELATIONS
+from pipeline.neural_graph.vocabulary import ACTIVATIONS, NODE_TYPES, RELATIONS
 
 CanonicalEtype = tuple[str, str, str]
 

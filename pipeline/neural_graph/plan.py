@@ -26,17 +26,13 @@ from pipeline.neural_graph.concat import SPLIT_OPS, ConcatOps, layer_map, source
 from pipeline.neural_graph.gate import GateOps
 from pipeline.neural_graph.layout import PERMUTE_OPS, RESTRIDE_OPS, SLICE_OPS, LayoutOps
 from pipeline.neural_graph.tokens import EXPAND_OPS, SELECT_OPS, TokenOps
+from pipeline.neural_graph.vocabulary import aten_activations
 from zoocore.errors import UnsupportedModuleError
 
 aten = torch.ops.aten
 _getitem = operator.getitem
 
-_ACTIVATION_OPS = {
-    aten.relu.default: "relu", aten.gelu.default: "gelu", aten.silu.default: "silu",
-    aten.tanh.default: "tanh", aten.sigmoid.default: "sigmoid", aten.leaky_relu.default: "leaky_relu",
-    aten.hardswish.default: "hardswish", aten.sin.default: "sin",
-    aten.hardsigmoid.default: "hardsigmoid",
-}
+_ACTIVATION_OPS = aten_activations()     # relu6 (hardtanh 0..6) and gelu_tanh are told apart below
 _PASSTHROUGH_OPS = {aten.clone.default, aten.alias.default, aten.detach.default, aten.dropout.default,
                     aten.contiguous.default, aten.lift_fresh_copy.default}
 _POOL_OPS = {aten.max_pool2d_with_indices.default: "max_pool", aten.avg_pool2d.default: "avg_pool",

@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from pipeline.neural_graph.plan import NeuronLayer, Plan, architecture_signature
+from pipeline.neural_graph.vocabulary import VOCABULARY
 from pipeline.spec import Residual, SpecNet, example_input
 
 # Activation module -> the name the tracer records (nn.Identity adds no operation at all).
-_ACTIVATION_NAMES = {nn.ReLU: "relu", nn.GELU: "gelu", nn.SiLU: "silu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid",
-                     nn.LeakyReLU: "leaky_relu", nn.ReLU6: "relu6", nn.Hardswish: "hardswish"}
+_ACTIVATION_NAMES = {a.module: a.name for a in VOCABULARY if a.in_specs and a.name != "identity"}
 
 
 class _NotCovered(Exception):
@@ -117,7 +117,7 @@ class _SpecPlanner:
             return self.linear(mod, path, v)
         if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
             return self.batch_norm(mod, path, v)
-        if type(mod) in _ACTIVATION_NAMES or type(mod).__name__ == "Sine":
+        if type(mod) in _ACTIVATION_NAMES:
             return self.activation(mod, v)
         if isinstance(mod, (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)):
             return self.pool(mod, v, y)
@@ -175,7 +175,7 @@ class _SpecPlanner:
         return _Val(dst, v.channels_last, v.spatial)
 
     def activation(self, mod, v: _Val) -> _Val:
-        name = _ACTIVATION_NAMES.get(type(mod), "sin")
+        name = _ACTIVATION_NAMES[type(mod)]
         if name == "leaky_relu" and mod.negative_slope != 0.01:
             raise _NotCovered("leaky_relu slope")
         if name == "gelu" and mod.approximate != "none":

@@ -15,7 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.neural_graph.concat import source_layers
-from pipeline.neural_graph.graph import DIAGONAL_RELATIONS, NODE_TYPES, NeuralGraph
+from pipeline.neural_graph.graph import NeuralGraph
+from pipeline.neural_graph.vocabulary import DIAGONAL_RELATIONS, NODE_TYPES
+from pipeline.neural_graph.vocabulary import SCALE, SIGN, VOCABULARY
 
 
 def tied_layer_classes(graph: NeuralGraph) -> tuple[list[int], set[int]]:
@@ -84,9 +86,7 @@ def random_hidden_permutation(graph: NeuralGraph, rng: np.random.Generator) -> n
 # passes x's factor on (x and the product are tied like a residual); the gate's own layer is fixed.
 # A residual or layer norm reading a concatenation fixes the layers it reads.
 
-SCALE, SIGN = "scale", "sign"
-_ACTIVATION_GROUPS = {"relu": {SCALE}, "leaky_relu": {SCALE}, "tanh": {SIGN}, "sin": {SIGN},
-                      "identity": {SCALE, SIGN}}
+_ACTIVATION_GROUPS = {a.name: set(a.symmetries) for a in VOCABULARY if a.symmetries}
 _MAX_POOLS = {"max_pool", "adaptive_max_pool"}
 
 

@@ -6,7 +6,7 @@ from graphstore import duck
 from jobs.data import GraphStream, hash_split, layer_stats, select_models
 from jobs.distributed import DistContext, shard
 from pipeline.graph_codec import read_graphs
-from pipeline.neural_graph.graph import RELATIONS
+from pipeline.neural_graph.vocabulary import RELATIONS
 
 
 def test_per_layer_statistics_match_numpy_over_the_training_models(catalog_dir):

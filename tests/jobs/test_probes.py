@@ -9,9 +9,9 @@ from jobs.ngnn import NGGNN, NGGNNConfig
 from jobs.probes import ProbeFeatures
 from jobs.train import TrainConfig, train_heterognn
 from pipeline.neural_graph.convert import convert_checkpoint
-from pipeline.neural_graph.graph import RELATIONS
 from pipeline.neural_graph.heterograph import canonical_etypes_of, with_reverses
 from pipeline.neural_graph.symmetry import random_hidden_permutation
+from pipeline.neural_graph.vocabulary import RELATIONS
 from pipeline.spec import build_module
 from zoocore.errors import JobError
 

@@ -5,12 +5,13 @@ import pytest
 import torch
 from torch import nn
 
-from zoocore.errors import UnsupportedModuleError
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.convert import convert_module
 from pipeline.neural_graph.coverage import check_exact_inverse
-from pipeline.neural_graph.graph import RELATIONS
+from pipeline.neural_graph.heterograph import neural_graph_to_dgl
 from pipeline.neural_graph.symmetry import random_hidden_permutation, random_rescaling
+from pipeline.neural_graph.vocabulary import RELATIONS
+from zoocore.errors import UnsupportedModuleError
 
 
 def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -167,7 +168,7 @@ def test_gate_is_a_relation_of_its_own():
     gate_op = next(op for op in conv.plan.ops if op["kind"] == "gate")
     assert conv.plan.layers[gate_op["src_layer"]].activation == "hardsigmoid"
     assert conv.plan.layers[gate_op["dst_layer"]].kind == "gate"
-    et = g.to_dgl().canonical_etypes
+    et = neural_graph_to_dgl(g).canonical_etypes
     assert ("hidden", "gate", "hidden") in et and ("hidden", "rev_gate", "hidden") in et
 
 

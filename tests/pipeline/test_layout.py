@@ -9,12 +9,12 @@ from torch import nn
 from torchvision.models.convnext import CNBlock, LayerNorm2d
 from torchvision.models.vision_transformer import VisionTransformer
 
-from zoocore.errors import UnsupportedModuleError
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.convert import convert_module
 from pipeline.neural_graph.coverage import check_exact_inverse
-from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS
 from pipeline.neural_graph.symmetry import random_hidden_permutation, random_rescaling
+from pipeline.neural_graph.vocabulary import NODE_TYPES, RELATIONS
+from zoocore.errors import UnsupportedModuleError
 from tests.pipeline.test_concat_gate import randomize
 
 

@@ -12,9 +12,9 @@ from torch import nn
 from pipeline.checkpoints import load_exported
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.convert import convert_exported, convert_module, convert_state_dict
-from pipeline.neural_graph.graph import NODE_TYPES, RELATIONS
 from pipeline.neural_graph.heterograph import neural_graph_to_dgl
 from pipeline.neural_graph.symmetry import random_hidden_permutation
+from pipeline.neural_graph.vocabulary import NODE_TYPES, RELATIONS
 from pipeline.spec import build_module, example_input
 from zoocore.errors import CheckpointError, UnsupportedModuleError
 

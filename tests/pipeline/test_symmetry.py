@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.convert import convert_state_dict
-from pipeline.neural_graph.graph import NODE_TYPES
+from pipeline.neural_graph.vocabulary import NODE_TYPES
 from pipeline.neural_graph.symmetry import (SCALE, SIGN, apply_neuron_factors, canonical_scaling, random_factors,
                                             random_rescaling, scale_classes)
 from pipeline.spec import build_module

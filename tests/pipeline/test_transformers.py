@@ -8,8 +8,8 @@ import torch
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.convert import convert_module
 from pipeline.neural_graph.coverage import check_exact_inverse
-from pipeline.neural_graph.graph import RELATIONS
 from pipeline.neural_graph.symmetry import random_hidden_permutation, random_rescaling
+from pipeline.neural_graph.vocabulary import RELATIONS
 
 transformers = pytest.importorskip("transformers")
 
