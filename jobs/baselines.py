@@ -8,7 +8,7 @@
   than one architecture, shape descriptors join the statistics (parameter count, depth, widths,
   kernel sizes, norm and residual layers, activations): a baseline must see what NG-GNN sees.
 - Flat-weights MLP: every weight and bias of a model in one vector; only defined where models
-  share one shape, so it runs on the most common architecture of the selection; its hidden sizes
+  share one shape, so it runs on the models of the most common shape of the selection; its hidden sizes
   and weight decay chosen on the validation split like StatNN's (``fit_tuned``).
 """
 from __future__ import annotations
@@ -244,10 +244,25 @@ FLAT_GRID = [{"hidden_layer_sizes": h, "alpha": a} for h in ((64,), (128, 128), 
              for a in (1e-3, 1e-1, 1.0)]
 
 
+SHAPES_QUERY = ("SELECT model_id, string_agg(concat(weight_key, '=', CAST(weight_shape AS VARCHAR)), ';' "
+                "ORDER BY layer) FROM layers JOIN _sel USING (model_id) GROUP BY model_id")
+
+
+def parameter_shapes(con, model_ids: Sequence[str]) -> list[str]:
+    """Each model's parameter shapes as one string (``layers.0.weight=[8, 1, 3, 3];...``): models
+    that differ only in activations (two architectures of the ``cnn-fixed`` zoo) share it."""
+    cur = con.cursor()
+    cur.register("_sel", pa.table({"model_id": pa.array(list(model_ids), pa.string())}))
+    rows = dict(cur.execute(SHAPES_QUERY).fetchall())
+    cur.close()
+    return [rows.get(m) or "" for m in model_ids]
+
+
 def run_flat_mlp(con, sel: Selection, seed: int = 0) -> BaselineResult:
-    """The flat-weights MLP on the most common architecture of the selection, its hidden sizes and
-    weight decay chosen on the validation split (``FLAT_GRID``, ``fit_tuned``)."""
-    archs = np.array(sel.architectures)
+    """The flat-weights MLP on the models of the most common parameter shapes of the selection (all
+    of a fixed-architecture zoo, whatever their activations), its hidden sizes and weight decay
+    chosen on the validation split (``FLAT_GRID``, ``fit_tuned``)."""
+    archs = np.array(parameter_shapes(con, sel.model_ids))
     values, counts = np.unique(archs[sel.mask("train")], return_counts=True)
     preds = np.full(len(sel.model_ids), np.nan)
     if len(values) == 0:
@@ -258,11 +273,11 @@ def run_flat_mlp(con, sel: Selection, seed: int = 0) -> BaselineResult:
     train = sel.mask("train")[idx]
     if train.sum() < 5:
         return BaselineResult("flat_mlp", preds, np.zeros(len(preds), bool),
-                              f"only {int(train.sum())} training models share one architecture")
+                              f"only {int(train.sum())} training models share one parameter shape")
     x = flat_weights(con, [sel.model_ids[i] for i in idx]).astype(np.float64)
     est, columns, best = fit_tuned(x, sel.targets[idx], train, sel.mask("val")[idx], sel.task, "mlp", seed,
                                    grid=FLAT_GRID)
     preds[idx] = est.predict(x[:, columns])
-    note = (f"architecture {arch}: {int(mask.sum())} of {len(mask)} models; chosen on val: "
+    note = (f"one parameter shape: {int(mask.sum())} of {len(mask)} models; chosen on val: "
             + ", ".join(f"{k}={v}" for k, v in best.items()))
     return BaselineResult("flat_mlp", preds, mask, note)

@@ -90,10 +90,11 @@ def _module(spec: dict | None, state: dict) -> nn.Module:
 # ---------------------------------------------------------------- NFN
 
 def nfn_arrays(spec: dict, states: Sequence[dict]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The weights of models of one architecture as nfn's weight-space layout.
+    """The weights of models of one parameter shape as nfn's weight-space layout.
 
     Args:
-        spec: the architecture's JSON spec (conv2d and linear layers with biases; no norm layers).
+        spec: the JSON spec of one of them (conv2d and linear layers with biases; no norm layers);
+            the others may differ in activations only.
         states: the models' state dicts.
     Shapes:
         weights[l]: (n, 1, out_l, in_l, kh_l, kw_l); a linear layer after convs becomes an
@@ -106,6 +107,9 @@ def nfn_arrays(spec: dict, states: Sequence[dict]) -> tuple[list[np.ndarray], li
              if len(list(m.parameters(recurse=False))) and not isinstance(m, (nn.Conv2d, nn.Linear))]
     if other or any(m.bias is None for _, m in params):
         raise JobError(f"NFN takes conv and linear layers with biases only; this architecture also has {other}")
+    shapes = {k: v.shape for k, v in states[0].items()}
+    if any({k: v.shape for k, v in s.items()} != shapes for s in states):
+        raise JobError("NFN needs models of one parameter shape")
     weights, biases = [], []
     prev_channels = None
     for name, m in params:
@@ -339,6 +343,7 @@ class PeerRunner:
     def fold(self, folds: int, fold: int, target: str = "test_accuracy") -> dict[str, dict[str, float]]:
         """method -> {model_id: prediction} for every selected model of fold ``fold`` of ``folds``."""
         from graphstore import duck
+        from jobs.baselines import parameter_shapes
         from jobs.data import select_models
 
         unknown = set(self.methods) - set(PEERS)
@@ -350,9 +355,9 @@ class PeerRunner:
             out: dict[str, dict[str, float]] = {}
             nfn_modes = [m for m in self.methods if m.startswith("nfn_")]
             if nfn_modes:
-                if len(set(sel.architectures)) > 1:
-                    self.log(f"    nfn: skipped, the zoo holds {len(set(sel.architectures))} architectures "
-                             "(NFN needs one)")
+                shapes = set(parameter_shapes(con, sel.model_ids))
+                if len(shapes) > 1:
+                    self.log(f"    nfn: skipped, the zoo holds {len(shapes)} parameter shapes (NFN needs one)")
                 else:
                     if "nfn" not in self._cache:
                         spec_json, = con.execute("SELECT spec_json FROM architectures WHERE architecture_id = ?",
