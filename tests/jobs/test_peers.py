@@ -146,3 +146,16 @@ def test_zero_training_predictor_takes_its_sign_from_the_training_split():
     assert kendall_tau(y[test], pred[test]) > 0.7
     # the line maps the metric onto the target's scale
     assert abs(pred[train].mean() - y[train].mean()) < 1e-6
+
+
+def test_models_differing_only_in_activation_share_one_parameter_shape(fixed):
+    from jobs.baselines import parameter_shapes
+
+    catalog, _, ids, _ = fixed
+    con = duck.connect(catalog)
+    archs = dict(con.execute("SELECT model_id, architecture_id FROM models").fetchall())
+    acts = dict(con.execute("SELECT model_id, activation FROM models").fetchall())
+    shapes = parameter_shapes(con, ids)
+    con.close()
+    assert len({acts[m] for m in ids}) == 2 and len({archs[m] for m in ids}) == 2     # relu and tanh models
+    assert len(set(shapes)) == 1 and shapes[0].startswith("layers.0.weight=[8, 1, 3, 3];")
