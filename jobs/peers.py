@@ -137,9 +137,11 @@ def wsfeat(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], rows, de
 
 
 def nfn_predictor(network_spec, mode: str = "HNP", hchannels: Sequence[int] = (16, 16, 5), head: int = 1000,
-                  standardise: tuple[list, list] | None = None) -> nn.Module:
+                  standardise: tuple[list, list, list, list] | None = None) -> nn.Module:
     """An invariant NFN: ``mode`` (NP | HNP) layers with ReLU, HNP pooling, an MLP head, a sigmoid.
-    ``standardise``: per-position (mean, std) of weights and biases to subtract and divide by."""
+    ``standardise``: per-layer arrays (weight means, weight stds, bias means, bias stds), each of a
+    layer's shape without the batch axis, to subtract and divide by (the authors' NP input
+    standardisation; per position, so it does not commute with neuron permutations)."""
     layers = _require("nfn.layers")
 
     class InvariantNFN(nn.Module):
