@@ -72,6 +72,26 @@ def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: in
     return report.run_id
 
 
+def baseline_predictions(cat: Path, folds: int, fold: int, seed: int) -> dict[str, dict[str, tuple[float, float]]]:
+    """StatNN (both learners) and the flat-weights MLP on fold ``fold``'s test models, run as
+    ``jobs train-heterognn`` runs them but without a metanetwork (``--models ''``: baselines and peers only)."""
+    from graphstore import duck
+    from jobs.baselines import run_flat_mlp, run_statnn, statnn_inputs
+    from jobs.data import select_models
+
+    t = time.perf_counter()
+    con = duck.connect(cat)
+    sel = select_models(con, "test_accuracy", folds=(folds, fold))
+    inputs = statnn_inputs(con, sel)
+    runs = [run_statnn(con, sel, seed, inputs=inputs), run_statnn(con, sel, seed, learner="mlp", inputs=inputs),
+            run_flat_mlp(con, sel, seed)]
+    con.close()
+    test = sel.mask("test")
+    print(f"  fold {fold} baselines ({time.perf_counter() - t:.0f}s, {int(test.sum())} test models)", flush=True)
+    return {r.name: {m: (y, p) for m, y, p, keep in zip(sel.model_ids, sel.targets, r.predictions, test & r.applicable)
+                     if keep} for r in runs}
+
+
 def test_predictions(cat: Path, run_ids: list[str]) -> dict[str, dict[str, tuple[float, float]]]:
     """method -> {model_id: (target, prediction)} on the test models of these runs (one fold)."""
     from graphstore import duck
@@ -147,7 +167,8 @@ def main(argv=None) -> None:
     ap.add_argument("--folds", type=int, default=3, help="K of the K-fold split (default 3)")
     ap.add_argument("--epochs", type=int, default=None, help="metanetwork epochs (default 15 quick, 30 full)")
     ap.add_argument("--zoos", default="cnn,cnn-fixed", help="comma-separated zoo kinds")
-    ap.add_argument("--models", default=",".join(METANETS), help="metanetworks to train (ngnn,ngt)")
+    ap.add_argument("--models", default=",".join(METANETS),
+                    help="metanetworks to train (ngnn,ngt; '' = none: the baselines and peers only)")
     ap.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peers", default="",
@@ -173,7 +194,8 @@ def main(argv=None) -> None:
         for fold in range(args.folds):
             runs = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=(i == 0), lever=lever)
                     for i, model in enumerate(filter(None, args.models.split(",")))]
-            per_fold.append(test_predictions(cat, runs) if runs else {})
+            per_fold.append(test_predictions(cat, runs) if runs else
+                            baseline_predictions(cat, args.folds, fold, args.seed))
             if peers is not None:
                 per_fold[-1].update(peer_test_predictions(cat, peers.fold(args.folds, fold), args.folds, fold))
         table = summarise(kind, per_fold, args.resamples)
