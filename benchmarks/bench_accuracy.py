@@ -9,7 +9,11 @@ exactly one fold. Per fold, in one run:
 - NG-GNN and NG-T with the project's default recipe (``jobs train-heterognn``, ``--model ngt``);
 - StatNN as gradient boosting (``statnn``) and as the paper's MLP (``statnn_mlp``), each with its
   hyperparameters chosen on the validation split; on the diverse zoo with shape descriptors;
-- the flat-weights MLP (fixed zoo: one shape).
+- the flat-weights MLP (fixed zoo: one shape), tuned on validation;
+- peers (``--peers``, the optional extra ``.[peers]``; ``jobs.peers``): NFN with NP and with HNP
+  layers (fixed zoo only: one shape), WeightWatcher's summary metrics as zero-training predictors
+  (``ww_alpha`` ...; sign chosen on the training split) and its per-layer metrics into tuned
+  gradient boosting (``ww_gbt``).
 
 It prints, per zoo and method, the mean and standard deviation over folds of test Kendall tau, R^2
 and MAE, and the paired difference in tau to the stronger StatNN with a bootstrap 95% interval
@@ -18,8 +22,7 @@ holds zero is not a win. Predictions are read back from the catalog's ``predicti
 
     .venv/bin/python benchmarks/bench_accuracy.py            # quick: 400-model zoos, 3 folds (~20 min)
     .venv/bin/python benchmarks/bench_accuracy.py --full     # 1,500-model zoos, 3 folds (test sets of ~500)
-
-Peers not run here yet: NFN (NP, HNP) and WeightWatcher (issue #13).
+    .venv/bin/python benchmarks/bench_accuracy.py --zoos cnn-fixed --peers nfn_np,nfn_hnp,ww
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from _zoos import zoo_catalog
+from jobs.peers import PEERS, PeerRunner
 
 METANETS = ("ngnn", "ngt")
 STATNNS = ("statnn", "statnn_mlp")
@@ -68,6 +72,26 @@ def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: in
     return report.run_id
 
 
+def baseline_predictions(cat: Path, folds: int, fold: int, seed: int) -> dict[str, dict[str, tuple[float, float]]]:
+    """StatNN (both learners) and the flat-weights MLP on fold ``fold``'s test models, run as
+    ``jobs train-heterognn`` runs them but without a metanetwork (``--models ''``: baselines and peers only)."""
+    from graphstore import duck
+    from jobs.baselines import run_flat_mlp, run_statnn, statnn_inputs
+    from jobs.data import select_models
+
+    t = time.perf_counter()
+    con = duck.connect(cat)
+    sel = select_models(con, "test_accuracy", folds=(folds, fold))
+    inputs = statnn_inputs(con, sel)
+    runs = [run_statnn(con, sel, seed, inputs=inputs), run_statnn(con, sel, seed, learner="mlp", inputs=inputs),
+            run_flat_mlp(con, sel, seed)]
+    con.close()
+    test = sel.mask("test")
+    print(f"  fold {fold} baselines ({time.perf_counter() - t:.0f}s, {int(test.sum())} test models)", flush=True)
+    return {r.name: {m: (y, p) for m, y, p, keep in zip(sel.model_ids, sel.targets, r.predictions, test & r.applicable)
+                     if keep} for r in runs}
+
+
 def test_predictions(cat: Path, run_ids: list[str]) -> dict[str, dict[str, tuple[float, float]]]:
     """method -> {model_id: (target, prediction)} on the test models of these runs (one fold)."""
     from graphstore import duck
@@ -84,6 +108,20 @@ def test_predictions(cat: Path, run_ids: list[str]) -> dict[str, dict[str, tuple
     return out
 
 
+def peer_test_predictions(cat: Path, preds: dict[str, dict[str, float]], folds: int, fold: int
+                          ) -> dict[str, dict[str, tuple[float, float]]]:
+    """The peers' predictions (method -> {model_id: prediction}) on fold ``fold``'s test models, as
+    ``test_predictions`` gives them: method -> {model_id: (target, prediction)}."""
+    from graphstore import duck
+    from jobs.data import fold_split
+
+    con = duck.connect(cat, ["models"])
+    target = dict(con.execute("SELECT model_id, test_accuracy FROM models WHERE test_accuracy IS NOT NULL").fetchall())
+    con.close()
+    return {m: {i: (target[i], p) for i, p in by_id.items()
+                if fold_split(i, folds, fold) == "test" and np.isfinite(p)} for m, by_id in preds.items()}
+
+
 def _arrays(preds: dict[str, tuple[float, float]], ids=None) -> tuple[np.ndarray, np.ndarray]:
     ids = sorted(preds) if ids is None else ids
     return np.array([preds[i][0] for i in ids], float), np.array([preds[i][1] for i in ids], float)
@@ -94,17 +132,19 @@ def summarise(kind: str, per_fold: list[dict[str, dict]], resamples: int) -> lis
 
     from jobs.compare import kendall_tau, paired_bootstrap
 
-    methods = [m for m in (*METANETS, *STATNNS, "flat_mlp") if all(len(f.get(m, ())) >= 2 for f in per_fold)]
+    seen = sorted({m for f in per_fold for m in f} - {*METANETS, *STATNNS, "flat_mlp"})
+    methods = [m for m in (*METANETS, *STATNNS, "flat_mlp", *seen) if all(len(f.get(m, ())) >= 2 for f in per_fold)]
     score = {}
     for m in methods:
         arrays = [_arrays(f[m]) for f in per_fold]
         score[m] = {"tau": [kendall_tau(*a) for a in arrays], "r2": [r2_score(*a) for a in arrays],
                     "mae": [mean_absolute_error(*a) for a in arrays]}
+    w = max(11, *map(len, methods))
     best = max((m for m in STATNNS if m in score), key=lambda m: np.mean(score[m]["tau"]))
     n_test = [len(f[best]) for f in per_fold]
     lines = [f"{kind}: {len(per_fold)} folds, test models per fold {n_test}; paired difference to {best} "
              "(the stronger StatNN), bootstrap 95% interval",
-             f"  {'method':11s} {'tau mean ± sd':>16s} {'R^2 mean ± sd':>16s} {'MAE mean ± sd':>16s}"
+             f"  {'method':{w}s} {'tau mean ± sd':>16s} {'R^2 mean ± sd':>16s} {'MAE mean ± sd':>16s}"
              f"   {'d tau vs ' + best:>28s}"]
     for m in methods:
         cells = [f"{np.mean(score[m][k]):.3f} ± {np.std(score[m][k]):.3f}" for k in ("tau", "r2", "mae")]
@@ -116,7 +156,7 @@ def summarise(kind: str, per_fold: list[dict[str, dict]], resamples: int) -> lis
             d = paired_bootstrap([a[0] for a, _ in pairs], [a[1] for a, _ in pairs], [b[1] for _, b in pairs],
                                  resamples=resamples)
             diff = f"{d}" + (" *" if d.significant else "")
-        lines.append(f"  {m:11s} " + " ".join(f"{c:>16s}" for c in cells) + f"   {diff:>28s}")
+        lines.append(f"  {m:{w}s} " + " ".join(f"{c:>16s}" for c in cells) + f"   {diff:>28s}")
     return lines
 
 
@@ -127,15 +167,21 @@ def main(argv=None) -> None:
     ap.add_argument("--folds", type=int, default=3, help="K of the K-fold split (default 3)")
     ap.add_argument("--epochs", type=int, default=None, help="metanetwork epochs (default 15 quick, 30 full)")
     ap.add_argument("--zoos", default="cnn,cnn-fixed", help="comma-separated zoo kinds")
-    ap.add_argument("--models", default=",".join(METANETS), help="metanetworks to train (ngnn,ngt)")
+    ap.add_argument("--models", default=",".join(METANETS),
+                    help="metanetworks to train (ngnn,ngt; '' = none: the baselines and peers only)")
     ap.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--peers", default="",
+                    help=f"peer methods to run beside them, comma-separated ({','.join(PEERS)}; nfn_* on "
+                    "one-architecture zoos only); needs pip install '.[peers]' (default: none)")
+    ap.add_argument("--nfn-epochs", type=int, default=20, help="NFN training epochs (default 20)")
     ap.add_argument("--set", dest="lever", action="append", default=[], metavar="KEY=VALUE",
                     help="a TrainConfig field for the metanetworks (a recipe lever), e.g. --set layers=5; repeatable")
     args = ap.parse_args(argv)
     n = args.n or (1500 if args.full else 400)
     epochs = args.epochs or (30 if args.full else 15)
     lever = overrides(args.lever)
+    peer_names = [p for p in args.peers.split(",") if p]
     if lever:
         print("recipe levers: " + ", ".join(f"{k}={v}" for k, v in lever.items()), flush=True)
     started = time.perf_counter()
@@ -144,10 +190,14 @@ def main(argv=None) -> None:
         cat = zoo_catalog(kind, n)
         print(f"{kind}: {n}-model zoo, {args.folds} folds, {epochs} epochs", flush=True)
         per_fold = []
+        peers = PeerRunner(cat, peer_names, seed=args.seed, nfn_epochs=args.nfn_epochs) if peer_names else None
         for fold in range(args.folds):
             runs = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=(i == 0), lever=lever)
-                    for i, model in enumerate(args.models.split(","))]
-            per_fold.append(test_predictions(cat, runs))
+                    for i, model in enumerate(filter(None, args.models.split(",")))]
+            per_fold.append(test_predictions(cat, runs) if runs else
+                            baseline_predictions(cat, args.folds, fold, args.seed))
+            if peers is not None:
+                per_fold[-1].update(peer_test_predictions(cat, peers.fold(args.folds, fold), args.folds, fold))
         table = summarise(kind, per_fold, args.resamples)
         print("\n".join(table) + "\n", flush=True)
         tables += table + [""]

@@ -8,7 +8,8 @@
   than one architecture, shape descriptors join the statistics (parameter count, depth, widths,
   kernel sizes, norm and residual layers, activations): a baseline must see what NG-GNN sees.
 - Flat-weights MLP: every weight and bias of a model in one vector; only defined where models
-  share one shape, so it runs on the most common architecture of the selection.
+  share one shape, so it runs on the models of the most common shape of the selection; its hidden sizes
+  and weight decay chosen on the validation split like StatNN's (``fit_tuned``).
 """
 from __future__ import annotations
 
@@ -169,14 +170,34 @@ def run_statnn(con, sel: Selection, seed: int = 0, learner: str = "gbt", shape: 
     """StatNN with ``learner`` (gbt | mlp), hyperparameters chosen on the validation split, then fitted
     on the training split. ``shape``: append shape descriptors (default: when the selection holds
     more than one architecture); ``inputs``: ``statnn_inputs`` already computed."""
+    stats, shp = inputs if inputs is not None else statnn_inputs(con, sel, shape)
+    shape = shp is not None
+    x = stats if shp is None else np.hstack([stats, shp])
+    est, columns, best = fit_tuned(x, sel.targets, sel.mask("train"), sel.mask("val"), sel.task, learner, seed)
+    name = "statnn" if learner == "gbt" else f"statnn_{learner}"
+    return BaselineResult(name, est.predict(x[:, columns]).astype(np.float64), np.ones(len(x), bool), estimator=est,
+                          columns=columns, shape=shp,
+                          note=("with shape descriptors; " if shape else "") + "chosen on val: "
+                          + ", ".join(f"{k}={v}" for k, v in best.items()))
+
+
+def fit_tuned(x: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray, task: str, learner: str = "gbt",
+              seed: int = 0, grid: list[dict] | None = None) -> tuple[object, np.ndarray, dict]:
+    """A ``learner`` (gbt | mlp) with its hyperparameters chosen on the validation rows (Kendall tau
+    for regression, accuracy for classification) from ``grid`` (default GBT_GRID / MLP_GRID), then
+    fitted on the training rows: the care every tabular baseline gets (StatNN, the flat-weights MLP,
+    WeightWatcher's per-layer metrics in jobs.peers).
+
+    Args:
+        x: (n, k) features, NaN where missing; y: (n,) targets; train, val: (n,) bool masks.
+    Returns:
+        the fitted estimator, the (k,) bool mask of columns it reads (``est.predict(x[:, columns])``),
+        and the chosen hyperparameters.
+    """
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
 
-    stats, shp = inputs if inputs is not None else statnn_inputs(con, sel, shape)
-    shape = shp is not None
-    x = stats if shp is None else np.hstack([stats, shp])
-    train, val = sel.mask("train"), sel.mask("val")
     # columns that (almost) no training model has, or that never vary, carry no signal and break the binning
     xt = x[train]
     with warnings.catch_warnings():
@@ -184,27 +205,22 @@ def run_statnn(con, sel: Selection, seed: int = 0, learner: str = "gbt", shape: 
         varies = np.nanmax(xt, 0) > np.nanmin(xt, 0)
     columns = (np.isfinite(xt).sum(0) >= 2) & varies
     x = x[:, columns]
-    y = sel.targets
-    grid = GBT_GRID if learner == "gbt" else MLP_GRID
+    grid = grid or (GBT_GRID if learner == "gbt" else MLP_GRID)
     best, best_score = grid[0], -np.inf
     if len(grid) > 1 and val.sum() >= 2:
         for params in grid:
-            est = _estimator(learner, sel.task, params, int(train.sum()), seed)
+            est = _estimator(learner, task, params, int(train.sum()), seed)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 est.fit(x[train], y[train])
-            score = _val_score(sel.task, y[val], est.predict(x[val]))
+            score = _val_score(task, y[val], est.predict(x[val]))
             if score > best_score:
                 best, best_score = params, score
-    est = _estimator(learner, sel.task, best, int(train.sum()), seed)
+    est = _estimator(learner, task, best, int(train.sum()), seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         est.fit(x[train], y[train])
-    name = "statnn" if learner == "gbt" else f"statnn_{learner}"
-    return BaselineResult(name, est.predict(x).astype(np.float64), np.ones(len(x), bool), estimator=est,
-                          columns=columns, shape=shp,
-                          note=("with shape descriptors; " if shape else "") + "chosen on val: "
-                          + ", ".join(f"{k}={v}" for k, v in best.items()))
+    return est, columns, best
 
 
 def flat_weights(con, model_ids: Sequence[str]) -> np.ndarray:
@@ -221,11 +237,30 @@ def flat_weights(con, model_ids: Sequence[str]) -> np.ndarray:
     return np.array([np.concatenate([wd[m], bd[m]]) for m in model_ids], dtype=np.float32)
 
 
-def run_flat_mlp(con, sel: Selection, seed: int = 0) -> BaselineResult:
-    from sklearn.neural_network import MLPClassifier, MLPRegressor
-    from sklearn.preprocessing import StandardScaler
+# wide inputs (every parameter) on few models: smaller nets and stronger weight decay than StatNN's grid
+FLAT_GRID = [{"hidden_layer_sizes": h, "alpha": a} for h in ((64,), (128, 128), (256, 256, 256))
+             for a in (1e-3, 1e-1, 1.0)]
 
-    archs = np.array(sel.architectures)
+
+SHAPES_QUERY = ("SELECT model_id, string_agg(concat(weight_key, '=', CAST(weight_shape AS VARCHAR)), ';' "
+                "ORDER BY layer) FROM layers JOIN _sel USING (model_id) GROUP BY model_id")
+
+
+def parameter_shapes(con, model_ids: Sequence[str]) -> list[str]:
+    """Each model's parameter shapes as one string (``layers.0.weight=[8, 1, 3, 3];...``): models
+    that differ only in activations (two architectures of the ``cnn-fixed`` zoo) share it."""
+    cur = con.cursor()
+    cur.register("_sel", pa.table({"model_id": pa.array(list(model_ids), pa.string())}))
+    rows = dict(cur.execute(SHAPES_QUERY).fetchall())
+    cur.close()
+    return [rows.get(m) or "" for m in model_ids]
+
+
+def run_flat_mlp(con, sel: Selection, seed: int = 0) -> BaselineResult:
+    """The flat-weights MLP on the models of the most common parameter shapes of the selection (all
+    of a fixed-architecture zoo, whatever their activations), its hidden sizes and weight decay
+    chosen on the validation split (``FLAT_GRID``, ``fit_tuned``)."""
+    archs = np.array(parameter_shapes(con, sel.model_ids))
     values, counts = np.unique(archs[sel.mask("train")], return_counts=True)
     preds = np.full(len(sel.model_ids), np.nan)
     if len(values) == 0:
@@ -233,17 +268,14 @@ def run_flat_mlp(con, sel: Selection, seed: int = 0) -> BaselineResult:
     arch = values[np.argmax(counts)]
     mask = archs == arch
     idx = np.nonzero(mask)[0]
-    x = flat_weights(con, [sel.model_ids[i] for i in idx])
     train = sel.mask("train")[idx]
     if train.sum() < 5:
         return BaselineResult("flat_mlp", preds, np.zeros(len(preds), bool),
-                              f"only {int(train.sum())} training models share one architecture")
-    scaler = StandardScaler().fit(x[train])
-    xs = np.nan_to_num(scaler.transform(x))
-    cls = MLPRegressor if task_named(sel.task).numeric else MLPClassifier
-    est = cls(hidden_layer_sizes=(128, 64), alpha=1e-3, max_iter=500, early_stopping=train.sum() >= 20,
-              random_state=seed)
-    est.fit(xs[train], sel.targets[idx][train])
-    preds[idx] = est.predict(xs)
-    note = f"architecture {arch}: {int(mask.sum())} of {len(mask)} models"
+                              f"only {int(train.sum())} training models share one parameter shape")
+    x = flat_weights(con, [sel.model_ids[i] for i in idx]).astype(np.float64)
+    est, columns, best = fit_tuned(x, sel.targets[idx], train, sel.mask("val")[idx], sel.task, "mlp", seed,
+                                   grid=FLAT_GRID)
+    preds[idx] = est.predict(x[:, columns])
+    note = (f"one parameter shape: {int(mask.sum())} of {len(mask)} models; chosen on val: "
+            + ", ".join(f"{k}={v}" for k, v in best.items()))
     return BaselineResult("flat_mlp", preds, mask, note)
