@@ -77,14 +77,16 @@ def ingest(zoo_dir, catalog, workers, zoo_name, shard, no_graph, on_bad_value, n
     up to date (then run `graphstore sync`).
     """
     from zoocore.config import catalog_dir
-    from pipeline.ingest import ingest_zoo, zoo_checkpoints
+    from pipeline.ingest import check_zoo, ingest_zoo
 
     try:
         i, n = (int(x) for x in shard.split("/"))
         assert 0 <= i < n
     except (ValueError, AssertionError):
         raise click.BadParameter(f"{shard!r} is not I/N with 0 <= I < N", param_hint="--shard")
-    zoo_checkpoints(zoo_dir)            # an empty zoo is refused before the catalog or its graph store is touched
+    # a zoo refused (empty, unreadable metrics, a bad value under --on-bad-value refuse) is refused
+    # before the catalog or its graph store is touched: no empty store is left behind
+    check_zoo(zoo_dir, catalog_dir(catalog), (i, n), on_bad_value)
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=not no_graph) as (store, warning):
         report = ingest_zoo(zoo_dir, catalog_dir(catalog), workers=workers, zoo_name=zoo_name, store=store,
                             shard=(i, n), on_bad_value=on_bad_value)

@@ -272,6 +272,25 @@ def _results(jobs: list[tuple], workers: int) -> Iterator[ModelRecord | ErrorRec
         yield from pool.map(_convert_star, jobs, chunksize=8)
 
 
+def _read_zoo(zoo_dir: Path, catalog: Catalog, shard: tuple[int, int], files, on_bad_value: str
+              ) -> tuple[list[Path], list[Path], ZooMetadata]:
+    """The zoo's checkpoints, this shard's, and their metadata typed against the catalog; raises
+    ZooGraphError for everything a zoo is refused for before anything is written."""
+    all_files = zoo_checkpoints(zoo_dir, files)
+    files = [p for p in all_files if shard_of(p, shard[1]) == shard[0]]
+    meta = zoo_metadata(zoo_dir, files, established_types(catalog), on_bad_value,
+                        zoo_files=all_files if len(files) < len(all_files) else None)
+    return all_files, files, meta
+
+
+def check_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog, shard: tuple[int, int] = (0, 1),
+              on_bad_value: str = "null") -> None:
+    """Refuse (ZooGraphError) a zoo that ``ingest_zoo`` would refuse, touching nothing: the CLI
+    checks before it opens the graph store, so a refused zoo leaves no empty store behind."""
+    _read_zoo(Path(zoo_dir), catalog if isinstance(catalog, Catalog) else Catalog(catalog), shard, None,
+              on_bad_value)
+
+
 def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *, workers: int = 1,
                zoo_name: str | None = None, store=None, shard: tuple[int, int] = (0, 1),
                part_edges: int = 2_000_000, part_models: int = 512, progress: bool = True,
@@ -292,13 +311,10 @@ def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *
     ``on_bad_value="refuse"``) a bad value, always before anything is written.
     """
     zoo_dir = Path(zoo_dir)
-    all_files = zoo_checkpoints(zoo_dir, files)
-    files = [p for p in all_files if shard_of(p, shard[1]) == shard[0]]
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    all_files, files, meta = _read_zoo(zoo_dir, catalog, shard, files, on_bad_value)
     zoo = zoo_name or zoo_dir.resolve().name
     report = IngestReport(zoo, catalog.root)
-    meta: ZooMetadata = zoo_metadata(zoo_dir, files, established_types(catalog), on_bad_value,
-                                     zoo_files=all_files if files is not None and len(files) < len(all_files) else None)
     report.warnings.extend(meta.warnings)
     if not files:
         report.warnings.append(f"shard {shard[0]}/{shard[1]} holds none of the {len(all_files)} checkpoints")

@@ -149,7 +149,7 @@ def test_refuse_flag_refuses_the_zoo_before_anything_is_written(tmp_path, mlp_zo
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert f"{zoo / 'metrics.csv'} row 5 ({rows[3]['checkpoint']}), column 'lr': 'fast' is not a number" in res.output
     assert "nothing was written" in res.output
-    assert not (tmp_path / "cat" / "parts").exists()
+    assert not (tmp_path / "cat").exists()        # no Parquet, and no empty graph store either
 
 
 def test_a_column_whose_name_starts_with_a_digit_gets_a_prefix(tmp_path, mlp_zoo):
@@ -230,7 +230,7 @@ def test_two_headers_for_one_column_are_refused(tmp_path, mlp_zoo):
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert f"{zoo / 'metrics.csv'}: columns 'test_accuracy' and 'Test Accuracy' both become column " \
            "'test_accuracy'" in res.output
-    assert not (tmp_path / "cat" / "parts").exists()
+    assert not (tmp_path / "cat").exists()        # no Parquet, and no empty graph store either
 
 
 def test_non_utf8_metrics_csv_is_refused_clearly(tmp_path, mlp_zoo):
@@ -243,7 +243,7 @@ def test_non_utf8_metrics_csv_is_refused_clearly(tmp_path, mlp_zoo):
     res = _ingest(zoo, tmp_path / "cat")
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert f"{zoo / 'metrics.csv'} is not UTF-8 text: byte 0xe9 at line 2, column 'notes'" in res.output
-    assert not (tmp_path / "cat" / "parts").exists()
+    assert not (tmp_path / "cat").exists()        # no Parquet, and no empty graph store either
 
 
 # ----------------------------------------------------------------------------- item 9: duplicates, empty zoo
