@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from graphstore import duck
 from graphstore.catalog import Catalog
@@ -48,16 +49,28 @@ def small_catalog(workdir: str | Path, kind: str = "cnn", n: int = 48, target: s
                   epochs: int = 10, seed: int = 0) -> tuple[Path, str]:
     """A small zoo made on the spot, ingested (with the embedded graph store) and trained on:
     (catalog folder, run id). Reused when ``workdir`` already holds one for ``kind``/``target``."""
+    def train(catalog, store) -> str:
+        return train_heterognn(catalog, TrainConfig(target=target, epochs=epochs, batch_size=8, hidden=32,
+                                                    edge_hidden=16, layers=2, patience=epochs, seed=seed),
+                               store=store, progress=False).run_id
+
+    return made_catalog(workdir, kind, n, f"run-{kind}-{target}.txt", seed=seed, then=train)
+
+
+def made_catalog(workdir: str | Path, kind: str, n: int, marker: str, seed: int = 0, workers: int = 2,
+                 then: Callable[[Catalog, Any], str] | None = None) -> tuple[Path, str]:
+    """A zoo of ``kind`` made in ``workdir/zoo-KIND``, ingested with the embedded graph store into
+    ``workdir/catalog-KIND`` and, with ``then(catalog, store)``, worked on (a run, an analysis):
+    (catalog folder, what ``then`` returned, else the number of models added). The notebooks' data;
+    reused when the ``marker`` file of an earlier finished call is there."""
     workdir = Path(workdir)
     catalog = Catalog(workdir / f"catalog-{kind}")
-    marker = workdir / f"run-{kind}-{target}.txt"
-    if marker.exists() and catalog.exists():
-        return catalog.root, marker.read_text().strip()
-    make_zoo(kind, workdir / f"zoo-{kind}", n=n, seed=seed, workers=2, progress=False)
+    done = workdir / marker
+    if done.exists() and catalog.exists():
+        return catalog.root, done.read_text().strip()
+    make_zoo(kind, workdir / f"zoo-{kind}", n=n, seed=seed, workers=workers, progress=False)
     with open_store(catalog.root, use_env=False) as store:
-        ingest_zoo(workdir / f"zoo-{kind}", catalog, store=store, zoo_name=kind, progress=False)
-        run = train_heterognn(catalog, TrainConfig(target=target, epochs=epochs, batch_size=8, hidden=32,
-                                                   edge_hidden=16, layers=2, patience=epochs, seed=seed),
-                              store=store, progress=False)
-    marker.write_text(run.run_id)
-    return catalog.root, run.run_id
+        report = ingest_zoo(workdir / f"zoo-{kind}", catalog, store=store, zoo_name=kind, progress=False)
+        result = then(catalog, store) if then is not None else str(report.added)
+    done.write_text(result)
+    return catalog.root, result

@@ -322,19 +322,10 @@ def small_equivariance_catalog(workdir, n: int = 8, transforms: Sequence[str] = 
                                samples: int = 10_000, seed: int = 0, workers: int = 2) -> Path:
     """A small mlp-equivariant zoo made on the spot, ingested (with the embedded graph store) and
     analysed for ``transforms`` (the notebook's data); reused when ``workdir`` already holds it."""
-    from graphstore.metadata import open_store
-    from pipeline.ingest import ingest_zoo
-    from pipeline.zoo.make import make_zoo
+    from jobs.demo import made_catalog
 
-    workdir = Path(workdir)
-    catalog = Catalog(workdir / "catalog-mlp-equivariant")
-    marker = workdir / "layer-equivariance.txt"
-    if marker.exists() and catalog.exists():
-        return catalog.root
-    make_zoo("mlp-equivariant", workdir / "zoo-mlp-equivariant", n=n, seed=seed, workers=workers, progress=False)
-    with open_store(catalog.root, use_env=False) as store:
-        ingest_zoo(workdir / "zoo-mlp-equivariant", catalog, store=store, zoo_name="mlp-equivariant",
-                   progress=False)
-        report = analyse_catalog(catalog, None, transforms, samples, seed, store=store)
-    marker.write_text(report.analysis_id)
-    return catalog.root
+    def analyse(catalog, store) -> str:
+        return analyse_catalog(catalog, None, transforms, samples, seed, store=store).analysis_id
+
+    return made_catalog(workdir, "mlp-equivariant", n, "layer-equivariance.txt", seed=seed, workers=workers,
+                        then=analyse)[0]

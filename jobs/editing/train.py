@@ -243,20 +243,9 @@ def train_editor(catalog: Catalog | str, cfg: EditConfig, store=None, progress: 
 def small_inr_catalog(workdir, n: int = 40, seed: int = 0, workers: int = 2) -> Path:
     """A small inr zoo made on the spot and ingested with the embedded graph store (the notebook's
     data); reused when ``workdir`` already holds it."""
-    from graphstore.metadata import open_store
-    from pipeline.ingest import ingest_zoo
-    from pipeline.zoo.make import make_zoo
+    from jobs.demo import made_catalog
 
-    workdir = Path(workdir)
-    catalog = Catalog(workdir / "catalog-inr")
-    marker = workdir / "inr-catalog.txt"
-    if marker.exists() and catalog.exists():
-        return catalog.root
-    make_zoo("inr", workdir / "zoo-inr", n=n, seed=seed, workers=workers, progress=False)
-    with open_store(catalog.root, use_env=False) as store:
-        report = ingest_zoo(workdir / "zoo-inr", catalog, store=store, zoo_name="inr", progress=False)
-    marker.write_text(str(report.added))
-    return catalog.root
+    return made_catalog(workdir, "inr", n, "inr-catalog.txt", seed=seed, workers=workers)[0]
 
 
 def _spec_of(catalog: Catalog, model_id: str) -> dict:
