@@ -11,6 +11,7 @@ equivariant.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -85,8 +86,8 @@ class RelationalPNALayer(nn.Module):
         self.register_buffer("delta_set", torch.zeros((), dtype=torch.bool))
 
     def forward(self, g: dgl.DGLHeteroGraph, h: dict[str, torch.Tensor], e: dict[CanonicalEtype, torch.Tensor],
-                structure: dict[CanonicalEtype, "EdgeIndex"] | None = None):
-        structure = structure if structure is not None else edge_index(g, self.etypes)
+                structure: dict[CanonicalEtype, "EdgeIndex"]):
+        """``e`` holds each relation's edges in ``structure``'s order (by destination; see EdgeIndex)."""
         agg = {t: torch.zeros_like(h[t]) for t in h}
         new_e = {}
         calibrate = self.training and not bool(self.delta_set)
@@ -99,17 +100,23 @@ class RelationalPNALayer(nn.Module):
             key = _key(et)
             gamma, beta = self.film[key](e[et]).chunk(2, dim=-1)
             m = gamma * self.msg[key](h[s]).index_select(0, ix.src) + beta                       # (E, H) FiLM messages
-            sums = torch.zeros(ix.num_dst, 2 * H, dtype=m.dtype, device=m.device)
-            sums.index_add_(0, ix.dst, torch.cat([m, m * m], -1))
-            mean, sq = (sums / ix.deg).chunk(2, dim=-1)
-            mx = dgl.ops.segment_reduce(ix.seglen, m.index_select(0, ix.by_dst), "max")         # 0 where no in-edge
+            # aggregate onto the U destination nodes that have an in-edge of this relation only (the
+            # others receive nothing from it), so the per-node work scales with U, not with N
+            # (edges are ordered by destination, so every reduction is a segment reduction)
+            mean = dgl.ops.segment_reduce(ix.seglen, m, "sum") / ix.deg
+            sq = dgl.ops.segment_reduce(ix.seglen, m * m, "sum") / ix.deg
+            mx = dgl.ops.segment_reduce(ix.seglen, m, "max")
             std = torch.sqrt(torch.relu(sq - mean ** 2) + 1e-6)
             if calibrate:
-                self.delta[k] = ix.logd.mean().detach()
+                self.delta[k] = ix.logd_mean.detach()
             delta = self.delta[k].clamp(min=1e-3)
-            feats = torch.cat([mean, mx, std], dim=-1)
-            scaled = torch.cat([feats, feats * (ix.logd / delta), feats * (delta / ix.logd)], dim=-1)
-            agg[d] = agg[d] + self.post[key](scaled) * ix.has
+            # post(cat[f, f * amp, f * att]) computed as f @ [W_id; W_amp; W_att]^T, then scaled per
+            # node: the same linear map without building the 9H-wide input
+            post = self.post[key]
+            y = torch.cat([mean, mx, std], dim=-1) @ torch.cat(post.weight.chunk(self.SCALERS, dim=1), 0).T
+            y_id, y_amp, y_att = y.chunk(self.SCALERS, dim=-1)
+            out = y_id + y_amp * (ix.logd / delta) + y_att * (delta / ix.logd) + post.bias
+            agg[d] = agg[d].index_add(0, ix.nodes, out)
             # edge update from both endpoints: the first linear map of cat(e, h_src, h_dst) is split
             # into its three column blocks, so the node terms are computed per node, then gathered
             first, rest = self.edge_update[key][0], self.edge_update[key][1:]
@@ -127,16 +134,20 @@ class RelationalPNALayer(nn.Module):
 @dataclass
 class EdgeIndex:
     """One canonical edge type of a (batched) graph, computed once per forward pass and shared by
-    every layer: endpoints, the edges ordered by destination with per-destination counts (for
-    segment max), and PNA's degree terms."""
+    every layer. Inside the metanetwork a relation's edges are kept ordered by destination (``order``
+    maps each position to the graph's edge id; ``restore`` maps back), so that the edges into one
+    node are one contiguous segment; ``nodes`` are the destinations that have an in-edge, with their
+    in-degrees (``seglen``) and PNA's degree terms."""
 
-    src: torch.Tensor          # (E,) source node index in its node type
-    dst: torch.Tensor          # (E,)
-    by_dst: torch.Tensor       # (E,) edge order sorted by destination
-    seglen: torch.Tensor       # (N_dst,) in-degree
-    deg: torch.Tensor          # (N_dst, 1) in-degree clamped to >= 1, float
-    logd: torch.Tensor         # (N_dst, 1) log(deg + 1)
-    has: torch.Tensor          # (N_dst, 1) 1.0 where the node has an in-edge
+    src: torch.Tensor          # (E,) source node index in its node type, in destination order
+    dst: torch.Tensor          # (E,) destination node index, ascending
+    order: torch.Tensor        # (E,) graph edge id at each position
+    restore: torch.Tensor      # (E,) position of each graph edge id (the inverse of ``order``)
+    nodes: torch.Tensor        # (U,) destination nodes with at least one in-edge, ascending
+    seglen: torch.Tensor       # (U,) in-degree of ``nodes`` (all >= 1)
+    deg: torch.Tensor          # (U, 1) in-degree, float
+    logd: torch.Tensor         # (U, 1) log(deg + 1)
+    logd_mean: torch.Tensor    # () mean of log(max(deg, 1) + 1) over all N_dst nodes (PNA's delta)
     num_dst: int
 
 
@@ -149,10 +160,15 @@ def edge_index(g: dgl.DGLHeteroGraph, etypes: Sequence[CanonicalEtype]) -> dict[
         if et not in present or g.num_edges(et) == 0:
             continue
         src, dst = g.edges(etype=et)
-        seglen = g.in_degrees(etype=et)
-        deg = seglen.float().clamp(min=1).unsqueeze(-1)
-        out[et] = EdgeIndex(src, dst, torch.argsort(dst, stable=True), seglen, deg, torch.log(deg + 1),
-                            (seglen > 0).float().unsqueeze(-1), g.num_nodes(et[2]))
+        order = torch.argsort(dst, stable=True)
+        restore = torch.empty_like(order)
+        restore[order] = torch.arange(len(order), device=order.device)
+        src, dst = src.index_select(0, order), dst.index_select(0, order)
+        nodes, seglen = torch.unique_consecutive(dst, return_counts=True)
+        deg = seglen.to(torch.float32).unsqueeze(-1)
+        num_dst = g.num_nodes(et[2])
+        logd_mean = (torch.log(deg + 1).sum() + (num_dst - len(nodes)) * math.log(2.0)) / num_dst
+        out[et] = EdgeIndex(src, dst, order, restore, nodes, seglen, deg, torch.log(deg + 1), logd_mean, num_dst)
     return out
 
 
@@ -234,10 +250,11 @@ class NGGNN(nn.Module):
         quasi-equivariant scaling: what graph readouts and per-node / per-edge heads read."""
         h, e = self.encode(g)
         structure = edge_index(g, self.cfg.etypes)
+        e = {et: x.index_select(0, structure[et].order) if et in structure else x for et, x in e.items()}
         h, e = self.propagate(g, h, e, structure)
         if self.quasi is not None:
             h, e = self.quasi(g, h, e, structure)
-        return h, e
+        return h, {et: x.index_select(0, structure[et].restore) if et in structure else x for et, x in e.items()}
 
     def node_embeddings(self, g) -> dict[str, torch.Tensor]:
         """Equivariant node embeddings after all layers."""

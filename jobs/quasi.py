@@ -32,7 +32,7 @@ class QuasiScaling(nn.Module):
         for et, ix in structure.items():
             if et[2] != "hidden" or et[1].startswith("rev_"):
                 continue
-            w = g.edges[et].data["w"].float()
+            w = g.edges[et].data["w"].float().index_select(0, ix.order)     # in the structure's edge order
             s = w.sum(-1)
             vals = torch.stack([torch.ones_like(s), s, (w * w).sum(-1)], -1)
             acc.index_add_(0, ix.dst, vals)
