@@ -69,6 +69,14 @@ def _device_option(fn):
 @click.option("--scale-augment", type=float, default=0.0, metavar="MAX",
               help="Train on a new random function-preserving rescaling of every model each time it is served: "
                    "per hidden neuron a factor U[1, MAX] (and a sign flip where the activation allows). 0 = off.")
+@click.option("--weight-noise", type=click.FloatRange(min=0.0), default=0.0, show_default=True, metavar="X",
+              help="Train on weights plus Gaussian noise of X times each operation's weight spread (biases: per "
+                   "neuron layer), drawn anew every time a model is served; identities and padding are left alone.")
+@click.option("--weight-dropout", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0,
+              show_default=True, metavar="P", help="Train with each edge's weights zeroed with probability P.")
+@click.option("--fourier", type=click.IntRange(min=0), default=0, show_default=True, metavar="F",
+              help="Add random Fourier features (F frequencies) of every edge's weights and every bias to their "
+                   "encodings. 0 = off.")
 @click.option("--rescale-test", type=float, multiple=True, metavar="MAX",
               help="Also score NG-GNN and StatNN on function-preserving random rescalings U[1, MAX] of the test "
                    "models (rows '<method>@xMAX' beside the clean ones). Repeat for several MAX.")
@@ -89,7 +97,7 @@ def _device_option(fn):
 @translate_errors
 def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold, epochs, batch_size, lr, hidden,
                         layers, probes, ensemble, patience, seed, loader_workers, no_baselines, canonical, scale_augment,
-                        rescale_test, metanet, quasi, quasi_eps, readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
+                        weight_noise, weight_dropout, fourier, rescale_test, metanet, quasi, quasi_eps, readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
     """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
     metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings.
 
@@ -107,7 +115,8 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold,
                       seed=seed,
                       device=device, loader_workers=loader_workers, baselines=not no_baselines, canonical=canonical,
                       scale_augment=scale_augment, rescale_test=rescale_test, quasi=quasi, quasi_eps=quasi_eps,
-                      model=metanet, readout_outputs=readout_outputs)
+                      model=metanet, readout_outputs=readout_outputs, weight_noise=weight_noise,
+                      weight_dropout=weight_dropout, fourier=fourier)
     main_rank = int(os.environ.get("RANK", "0")) == 0      # under torchrun, rank 0 writes and reports
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=main_rank) as (store, warning):
         report = train_heterognn(root, cfg, store=store)

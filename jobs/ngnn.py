@@ -42,6 +42,7 @@ class NGGNNConfig:
     kind: str = "ngnn"           # which metanetwork (jobs.metanets): ngnn | ngt
     heads: int = 4               # attention heads (ngt)
     readout_outputs: int = 0     # K > 0: the readout also holds the embeddings of output neurons 0..K-1, in order
+    fourier: int = 0             # F > 0: random Fourier features (F frequencies) of edge weights and biases
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -62,6 +63,24 @@ def _key(et: CanonicalEtype) -> str:
 
 def mlp(i: int, h: int, o: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(i, h), nn.SiLU(), nn.Linear(h, o))
+
+
+class FourierFeatures(nn.Module):
+    """Random Fourier features of a value vector, ``[sin(2 pi B x), cos(2 pi B x)]`` with fixed
+    B ~ N(0, sigma^2) of shape (F, d), mapped linearly to ``out`` (Tancik et al., 2020; the
+    reference NG-GNN encodes weights and biases this way). They let the first layer resolve small
+    differences between values that one linear map of the value blurs. B is drawn from a fixed seed
+    and saved with the model."""
+
+    def __init__(self, d: int, frequencies: int, out: int, sigma: float = 1.0, seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.register_buffer("B", torch.randn(frequencies, d, generator=gen) * sigma)
+        self.proj = nn.Linear(2 * frequencies, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = 2 * math.pi * x @ self.B.T
+        return self.proj(torch.cat([torch.sin(z), torch.cos(z)], -1))
 
 
 class RelationalPNALayer(nn.Module):
@@ -197,6 +216,8 @@ class NGGNN(nn.Module):
         self.pos_emb = nn.ModuleDict({"input": nn.Embedding(cfg.max_positions, H),
                                       "output": nn.Embedding(cfg.max_positions, H)})
         self.edge_in = nn.Linear(cfg.edge_in, cfg.edge_hidden)
+        self.edge_fourier = FourierFeatures(cfg.edge_in, cfg.fourier, cfg.edge_hidden, seed=1) if cfg.fourier else None
+        self.bias_fourier = FourierFeatures(1, cfg.fourier, H, seed=2) if cfg.fourier else None
         self.rel_emb = nn.ParameterDict({_key(e): nn.Parameter(torch.zeros(cfg.edge_hidden)) for e in cfg.etypes})
         self.layers = nn.ModuleList(RelationalPNALayer(cfg.etypes, H, cfg.edge_hidden) for _ in range(cfg.layers))
         self.forward_etypes = [e for e in cfg.etypes if not e[1].startswith("rev_")]
@@ -223,6 +244,8 @@ class NGGNN(nn.Module):
             if self.cfg.probes:
                 x = torch.cat([x, probe_features[t]], -1)
             z = self.bias_in(x) + self.act_emb(data["activation"]) + self.type_emb.weight[i]
+            if self.bias_fourier is not None:
+                z = z + self.bias_fourier(data["bias"].unsqueeze(-1))
             if t == "hidden":
                 z = z + self.layer_emb(data["layer"].clamp(max=self.cfg.max_layers - 1))
             else:
@@ -234,8 +257,13 @@ class NGGNN(nn.Module):
         """Node encodings (bias, activation, node type, shared layer / unique position embeddings) and
         edge encodings (weights plus a relation embedding), shared by every metanetwork."""
         h = self.encode_nodes(g, self.probes(g) if self.probes is not None else None)
-        e = {et: self.edge_in(g.edges[et].data["w"]) + self.rel_emb[_key(et)] for et in self.cfg.etypes
-             if et in g.canonical_etypes}
+        e = {}
+        for et in self.cfg.etypes:
+            if et in g.canonical_etypes:
+                w = g.edges[et].data["w"]
+                e[et] = self.edge_in(w) + self.rel_emb[_key(et)]
+                if self.edge_fourier is not None:
+                    e[et] = e[et] + self.edge_fourier(w)
         return h, e
 
     def propagate(self, g, h: dict, e: dict, structure: dict) -> tuple[dict, dict]:

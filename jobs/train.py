@@ -26,6 +26,7 @@ from tqdm import tqdm
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
 from graphstore.schema import EMBEDDINGS, PREDICTIONS, RUNS
+from jobs.augment import augmenter
 from jobs.baselines import run_flat_mlp, run_statnn, statnn_inputs
 from jobs.distributed import (DistContext, barrier, broadcast, gather_rows, init_from_env, local_batch_size,
                               shard)
@@ -52,6 +53,8 @@ class DataConfig:
     chunk: int = 64
     canonical: bool = False            # NG-GNN reads scale-canonicalised graphs (one per rescaling orbit)
     scale_augment: float = 0.0         # > 1: train on random function-preserving rescalings U[1, MAX]
+    weight_noise: float = 0.0          # > 0: train on weights plus N(0, (x * per-operation sd)^2) (jobs.augment)
+    weight_dropout: float = 0.0        # > 0: train with each edge's weights zeroed with this probability
     rescale_test: tuple[float, ...] = ()   # each MAX > 1: also score the methods on rescalings U[1, MAX] of the test models
 
 
@@ -84,6 +87,7 @@ class ModelConfig:
     quasi_eps: float = 0.1
     readout_outputs: int = 10          # the readout also reads output neurons 0..K-1 (jobs.ngnn); 0 = off.
                                        # bench_accuracy (quick, 3 folds): NG-GNN tau +0.019 diverse, +0.004 fixed
+    fourier: int = 0                   # F > 0: random Fourier features of weights and biases (jobs.ngnn)
 
 
 @dataclass
@@ -100,7 +104,7 @@ def metanet_config(model: ModelConfig, etypes, frame: tuple[int, int], out_dim: 
     return NGGNNConfig(etypes=etypes, edge_in=frame[0] * frame[1], out_dim=out_dim, hidden=model.hidden,
                        edge_hidden=model.edge_hidden, layers=model.layers, dropout=model.dropout, probes=model.probes,
                        quasi=model.quasi, quasi_eps=model.quasi_eps, kind=model.model,
-                       readout_outputs=model.readout_outputs)
+                       readout_outputs=model.readout_outputs, fourier=model.fourier)
 
 
 @dataclass
@@ -245,6 +249,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     cfg.rescale_test = tuple(float(m) for m in (cfg.rescale_test or ()))
     if cfg.scale_augment and cfg.scale_augment <= 1 or any(m <= 1 for m in cfg.rescale_test):
         raise JobError("--scale-augment and --rescale-test take the largest factor MAX > 1 of U[1, MAX]")
+    if cfg.weight_noise < 0 or not 0 <= cfg.weight_dropout < 1:
+        raise JobError("--weight-noise must be >= 0 and --weight-dropout in [0, 1)")
     prepare = canonical_graph if cfg.canonical else None
     stats = (layer_stats_of_graphs(read_prepared(con, sel.ids("train"), prepare)) if prepare is not None
              else layer_stats(con, sel.ids("train")))
@@ -253,10 +259,11 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers, raw=bool(cfg.probes),
                          prepare=prepare)
     train_stream = stream
-    if cfg.scale_augment:
+    augment = augmenter(rescaler(cfg.scale_augment) if cfg.scale_augment else None,
+                        noise=cfg.weight_noise, dropout=cfg.weight_dropout)
+    if augment is not None:
         train_stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers,
-                                   raw=bool(cfg.probes), prepare=prepare, augment=rescaler(cfg.scale_augment),
-                                   seed=cfg.seed)
+                                   raw=bool(cfg.probes), prepare=prepare, augment=augment, seed=cfg.seed)
     train_idx = np.nonzero(sel.mask("train"))[0]
     val_idx = np.nonzero(sel.mask("val"))[0]
     scale = task.fit_scale(sel.targets[train_idx])

@@ -1,0 +1,103 @@
+"""Recipe levers of the metanetworks: weight-space augmentation (noise, edge dropout) and random
+Fourier features of weights and biases; each keeps the symmetry and does what it says."""
+import numpy as np
+import pytest
+import torch
+
+from graphstore import duck
+from graphstore.catalog import Catalog
+from jobs.augment import augmenter, perturb_weights
+from jobs.data import layer_stats, normalised_graph, select_models
+from jobs.metanets import build_metanetwork
+from jobs.ngnn import NGGNNConfig
+from jobs.train import TrainConfig, load_metanetwork, train_heterognn
+from pipeline.graph_codec import read_graphs
+from pipeline.neural_graph.symmetry import random_hidden_permutation
+from pipeline.neural_graph.vocabulary import RELATIONS
+
+
+def _graph_with(con, sel, relation: str):
+    """The first selected model whose graph has an edge of ``relation``."""
+    code = RELATIONS.index(relation)
+    for mid in sel.model_ids:
+        graph, = read_graphs(con, [mid])
+        if (graph.relation == code).any():
+            return graph
+    pytest.skip(f"no model with a {relation} edge")
+
+
+def test_weight_noise_scales_with_each_operations_spread_and_spares_structure(catalog_dir):
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
+    graph = _graph_with(con, sel, "residual")
+    out = perturb_weights(graph, np.random.default_rng(0), noise=0.1)
+    residual = graph.relation == RELATIONS.index("residual")
+    assert np.array_equal(out.weight[residual], graph.weight[residual])      # identities stay identities
+    assert np.array_equal(out.weight == 0, graph.weight == 0)                # frame padding stays zero
+    for i in np.unique(graph.edge_op[~residual]):
+        e = graph.edge_op == i
+        live = graph.weight[e] != 0
+        sd = graph.weight[e][live].std()
+        if sd == 0 or live.sum() < 200:          # too few values for a sample spread to say much
+            continue
+        ratio = (out.weight[e] - graph.weight[e])[live].std() / sd
+        assert 0.07 < ratio < 0.13, (i, ratio)                              # N(0, (0.1 sd)^2), per operation
+    assert not np.array_equal(out.bias, graph.bias)
+    again = perturb_weights(graph, np.random.default_rng(0), noise=0.1)
+    assert np.array_equal(again.weight, out.weight)                         # reproducible from the rng
+
+
+def test_weight_dropout_zeroes_whole_edges_at_the_given_rate(catalog_dir):
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
+    graph = _graph_with(con, sel, "conv")
+    before = (graph.weight != 0).any(1)
+    out = perturb_weights(graph, np.random.default_rng(1), dropout=0.2)
+    dropped = before & ~(out.weight != 0).any(1)
+    kept = before & ~dropped
+    assert np.array_equal(out.weight[kept], graph.weight[kept])             # the rest is untouched
+    assert 0.15 < dropped.sum() / before.sum() < 0.25
+    with pytest.raises(ValueError):
+        perturb_weights(graph, np.random.default_rng(1), dropout=1.0)
+
+
+def test_augmenter_chains_and_is_none_when_off(catalog_dir):
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
+    graph, = read_graphs(con, [sel.model_ids[0]])
+    assert augmenter(None) is None
+    calls = []
+    first = lambda g, steps, rng: calls.append("first") or g  # noqa: E731
+    out = augmenter(first, noise=0.05)(graph, [], np.random.default_rng(0))
+    assert calls == ["first"] and not np.array_equal(out.weight, graph.weight)
+
+
+@pytest.mark.parametrize("kind", ["ngnn", "ngt"])
+def test_fourier_features_keep_predictions_invariant(catalog_dir, kind):
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
+    stats = layer_stats(con, sel.ids("train"))
+    torch.manual_seed(0)
+    model = build_metanetwork(NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=1,
+                                          hidden=16, edge_hidden=8, layers=2, kind=kind, fourier=8)).eval()
+    graph, = read_graphs(con, [sel.model_ids[1]])
+    perm = random_hidden_permutation(graph, np.random.default_rng(1))
+    g0 = normalised_graph(graph, stats, sel.frame, sel.etypes)
+    g1 = normalised_graph(graph.permuted(perm), stats, sel.frame, sel.etypes)
+    with torch.no_grad():
+        out0, out1 = model(g0)[0], model(g1)[0]
+        plain = build_metanetwork(NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=1,
+                                              hidden=16, edge_hidden=8, layers=2, kind=kind)).eval()
+        plain.load_state_dict(model.state_dict(), strict=False)
+        out_plain = plain(g0)[0]
+    assert float((out0 - out1).abs().max()) < 1e-5 * (1 + float(out0.abs().max()))
+    assert float((out0 - out_plain).abs().max()) > 1e-4          # the features do reach the output
+
+
+def test_a_run_with_the_levers_trains_and_reloads_with_them(catalog_copy):
+    cfg = TrainConfig(where="zoo = 'cnn'", epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2,
+                      weight_noise=0.05, weight_dropout=0.05, fourier=4, baselines=False)
+    report = train_heterognn(catalog_copy, cfg, progress=False)
+    models, manifest = load_metanetwork(Catalog(catalog_copy), report.run_id)
+    assert models[0].cfg.fourier == 4 and models[0].edge_fourier is not None
+    assert manifest.train["weight_noise"] == 0.05 and manifest.train["weight_dropout"] == 0.05
