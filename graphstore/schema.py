@@ -135,6 +135,8 @@ LAYER_EQUIVARIANCE = pa.schema([       # jobs layer-equivariance: one row per mo
     ("identity_error", pa.float64()),    # the same with A = I
     ("signed_perm_error", pa.float64()), # the same with A = the best signed permutation (least squares)
     ("perm_error", pa.float64()),        # the same with A = the best permutation
+    ("signed_perm_neurons", pa.float64()),    # share of neurons that signed permutation maps within 10% of their image
+    ("perm_neurons", pa.float64()),           # ... that permutation
     ("signed_perm_rel_dist", pa.float64()),   # min ||A - c P||_F / ||A||_F over scales c, signed permutations P
     ("perm_rel_dist", pa.float64()),          # ... over permutations
     ("signed_perm_share", pa.float64()), # median over rows of A's squared mass on the nearest P's entry

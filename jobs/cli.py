@@ -250,6 +250,8 @@ def layer_equivariance(catalog, where, transforms, samples, seed, noise_std, fmt
       identity_error  the same with A = I (how much g moves the layer)
       sperm_error     the same with A = the best signed permutation (tanh's group)
       perm_error      the same with A = the best permutation (GELU's group)
+      sperm_neurons   share of neurons that signed permutation maps onto their image
+                      within 10% (relative residual); perm_neurons: the same for perm_error's
       sperm_dist      min over scales c and signed permutations P of ||A - cP|| / ||A||
                       (0: A is a scaled signed permutation; ~0.95 for a random matrix)
       sperm_share     median share of each row's squared mass of A on P's entry

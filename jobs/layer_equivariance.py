@@ -25,7 +25,10 @@ perm-input[:SEED]):
    the one with the least squared residual on the fit half (exact: Hungarian on |F_g^T F|, see
    ``best_group_map``). This is the measure of "A_i is close to a signed permutation" that does not
    depend on how well A's entries are identified: near ``error`` when the layer is equivariant with
-   a signed permutation, near ``identity_error`` or above when it is not.
+   a signed permutation, near ``identity_error`` or above when it is not. ``signed_perm_neurons`` /
+   ``perm_neurons``: the share of neurons i that this S maps onto their image, ``||f_i(g y) -
+   s_i f_S(i)(y)|| / ||f_i(g y)|| <= 0.1`` over the test quarter (``NEURON_TOLERANCE``): the layer-wide
+   error can be dominated by a few neurons that g mixes while most have an exact signed image.
 5. On the fitted A: ``signed_perm_rel_dist`` = ``min_{c, P} ||A - c P||_F / ||A||_F`` over signed
    permutations P and scales c (0: A is a scaled signed permutation; 1: A has no mass on any
    permutation; about 0.95 for a 64 x 64 Gaussian matrix), ``perm_rel_dist`` the same over
@@ -73,11 +76,12 @@ from zoocore.errors import JobError
 _MLP_LAYERS = {"linear", "activation", "dropout", "flatten"}
 # the LayerFit fields that become columns of the layer_equivariance relation (and of the report rows)
 FIT_COLUMNS = ("layer", "width", "activation", "error", "identity_error", "signed_perm_error", "perm_error",
-               "signed_perm_rel_dist", "perm_rel_dist", "signed_perm_share", "ridge", "condition", "match_corr",
-               "match_negations")
+               "signed_perm_neurons", "perm_neurons", "signed_perm_rel_dist", "perm_rel_dist", "signed_perm_share",
+               "ridge", "condition", "match_corr", "match_negations")
 
 
 RIDGE_GRID = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+NEURON_TOLERANCE = 0.1      # a neuron "has a (signed) image" when ||f_i(gy) - s f_p(i)(y)|| / ||f_i(gy)|| is below
 
 
 @dataclass
@@ -91,6 +95,8 @@ class LayerFit:
     identity_error: float            # the same with A = I
     signed_perm_error: float         # the same with A = the best signed permutation S
     perm_error: float                # the same with A = the best permutation
+    signed_perm_neurons: float       # share of neurons S maps within NEURON_TOLERANCE of their image
+    perm_neurons: float              # the same for the best permutation
     signed_perm_rel_dist: float      # min over c, P of ||A - c P||_F / ||A||_F, P signed permutations
     perm_rel_dist: float             # the same over permutations
     signed_perm_share: float         # median over rows of A_{i,p(i)}^2 / sum_j A_ij^2
@@ -206,6 +212,16 @@ def _median_rel_error(f: np.ndarray, fg: np.ndarray, a: np.ndarray) -> float:
     return float(np.median(np.linalg.norm(fg - f @ a.T, axis=1) / norm))
 
 
+def neuron_share(f: np.ndarray, fg: np.ndarray, columns: np.ndarray, signs: np.ndarray,
+                 tolerance: float = NEURON_TOLERANCE) -> float:
+    """Share of neurons i whose image is ``signs[i] * f[:, columns[i]]`` up to a relative residual
+    ``||fg_i - s_i f_p(i)||_2 / ||fg_i||_2`` (over the samples) below ``tolerance``; a constant-zero
+    neuron counts as mapped."""
+    res = np.linalg.norm(fg - f[:, columns] * signs, axis=0)
+    norm = np.linalg.norm(fg, axis=0)
+    return float(np.mean(res <= tolerance * norm))
+
+
 def _signed_perm_matrix(columns: np.ndarray, signs: np.ndarray) -> np.ndarray:
     p = np.zeros((len(columns), len(columns)))
     p[np.arange(len(columns)), columns] = signs
@@ -245,7 +261,7 @@ def fit_layers(net: nn.Module, spec: dict, transform: str, samples: int = 100_00
             k + 1, a.shape[0], act, _median_rel_error(ft, fgt, a), _median_rel_error(ft, fgt, np.eye(len(a))),
             _median_rel_error(ft, fgt, _signed_perm_matrix(s_cols, s_signs)),
             _median_rel_error(ft, fgt, _signed_perm_matrix(p_cols, p_signs)),
-            s_dist, nearest_permutation_distance(a), matched_row_share(a, near_cols), lam, cond,
+            neuron_share(ft, fgt, s_cols, s_signs), neuron_share(ft, fgt, p_cols, p_signs), s_dist, nearest_permutation_distance(a), matched_row_share(a, near_cols), lam, cond,
             *matched_correlation(ft, fgt), a, s_cols, s_signs))
     return fits
 
@@ -285,17 +301,19 @@ class EquivarianceReport:
     store_warning: str | None = None
 
     TABLE = ("checkpoint", "activation", "task", "trained", "transform", "layer", "error", "identity_error",
-             "sperm_error", "perm_error", "sperm_dist", "sperm_share", "ridge", "match_corr", "match_neg")
+             "sperm_error", "perm_error", "sperm_neurons", "perm_neurons", "sperm_dist", "sperm_share", "ridge",
+             "match_corr", "match_neg")
 
     def table(self) -> tuple[list[str], list[list]]:
         rows = [[r["checkpoint"], r["model_activation"], r["task"], r["trained"], r["transform"], r["layer"],
-                 r["error"], r["identity_error"], r["signed_perm_error"], r["perm_error"], r["signed_perm_rel_dist"],
+                 r["error"], r["identity_error"], r["signed_perm_error"], r["perm_error"], r["signed_perm_neurons"],
+                 r["perm_neurons"], r["signed_perm_rel_dist"],
                  r["signed_perm_share"], r["ridge"], r["match_corr"], r["match_negations"]]
                 for r in self.rows]
         return list(self.TABLE), rows
 
-    SUMMARY = ("error", "identity_error", "signed_perm_error", "perm_error", "signed_perm_rel_dist",
-               "signed_perm_share", "match_corr", "match_negations")
+    SUMMARY = ("error", "identity_error", "signed_perm_error", "perm_error", "signed_perm_neurons", "perm_neurons",
+               "signed_perm_rel_dist", "signed_perm_share", "match_corr", "match_negations")
 
     def summary_table(self) -> tuple[list[str], list[list]]:
         """Medians over models per activation, task, trained transform, analysed transform and layer
@@ -305,7 +323,8 @@ class EquivarianceReport:
             key = (r["model_activation"], r["task"], r["trained"], r["transform"], r["layer"])
             groups.setdefault(key, []).append(r)
         cols = ["activation", "task", "trained", "analysed", "layer", "models", "error", "identity_error",
-                "sperm_error", "perm_error", "sperm_dist", "sperm_share", "match_corr", "match_neg"]
+                "sperm_error", "perm_error", "sperm_neurons", "perm_neurons", "sperm_dist", "sperm_share",
+                "match_corr", "match_neg"]
         out = []
         for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
             g = groups[key]

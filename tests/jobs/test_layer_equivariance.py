@@ -71,6 +71,7 @@ def test_exactly_equivariant_tanh_layer_is_found_with_its_signed_permutation():
     expected[np.arange(64), perm] = signs
     assert np.abs(fit.matrix - expected).max() < 1e-5
     assert fit.signed_perm_error < 1e-6 and fit.signed_perm_rel_dist < 1e-5 and fit.signed_perm_share > 1 - 1e-9
+    assert fit.signed_perm_neurons == 1.0 and fit.perm_neurons < 1.0
     assert fit.match_corr > 1 - 1e-9
     assert fit.match_negations == int((signs < 0).sum()) > 0
     assert fit.perm_rel_dist > 0.3 and fit.perm_error > 0.1     # the negated neurons are no plain permutation
@@ -83,7 +84,7 @@ def test_gelu_needs_a_plain_permutation():
     spec = equivariant.equivariant_spec("gelu", "autoencoder", width=64)
     net, perm, _ = equivariant_first_layer("gelu", kinds=("pair", "symmetric"))
     fit = fit_layers(net, spec, "mirror-lr", samples=4000)[0]
-    assert fit.error < 1e-6 and fit.perm_rel_dist < 1e-5 and fit.perm_error < 1e-6
+    assert fit.error < 1e-6 and fit.perm_rel_dist < 1e-5 and fit.perm_error < 1e-6 and fit.perm_neurons == 1.0
     assert np.array_equal(fit.signed_perm, perm)
     assert fit.match_negations == 0
     net, _, _ = equivariant_first_layer("gelu")
@@ -99,6 +100,7 @@ def test_random_mlp_is_not_layerwise_equivariant():
     fits = fit_layers(net, spec, "mirror-lr", samples=4000)
     assert fits[0].error > 0.1 and fits[0].match_corr < 0.9
     assert fits[0].signed_perm_error > 0.5 and fits[0].signed_perm_rel_dist > 0.5 and fits[0].signed_perm_share < 0.5
+    assert fits[0].signed_perm_neurons < 0.1
     assert [f.layer for f in fits] == [1, 2, 3, 4] and fits[-1].activation is None
 
 
