@@ -14,10 +14,11 @@ perm-input[:SEED]):
    ``min ||F A^T - F_g||^2 + ridge * m * ||A||^2`` (m the mean eigenvalue of F^T F, so ``ridge`` is
    scale-free), ridge from {0, 1e-6, ..., 1e-1} with the lowest validation error (reported; 0 is plain
    least squares). ``condition`` is the condition number of F on the fit half: layer outputs on
-   noise are often nearly collinear (near-linear tanh units, duplicated or dead units, an
-   autoencoder's output confined to the digits' subspace), and then many A fit almost equally
-   well, so A's entries say little (plain least squares gave entries in the tens and, for output
-   layers, distances of 1e5; the ridge only partly helps).
+   noise are often nearly collinear (64 neurons on the 10-30 input directions that weight decay
+   leaves in a first layer, near-linear tanh units, an autoencoder's output confined to the digits'
+   subspace), and then many A fit almost equally well, so A's entries say little (plain least
+   squares gave entries in the tens and, for output layers, ||A - P|| of 1e5; the ridge barely
+   helps, since the spread is what fits best).
 3. ``error``: the median over the test quarter of ``|f_i(g y) - A_i f_i(y)| / |f_i(y)|``;
    ``identity_error`` is the same with A = I (how much g moves the layer at all).
 4. ``signed_perm_error`` / ``perm_error``: the same error with A restricted to the group the paper
@@ -41,10 +42,10 @@ perm-input[:SEED]):
    neuron. A correlation of 0.95 still leaves a relative residual of about sqrt(2 (1 - 0.95)) = 0.32.
 
 How the paper quantifies "close to a signed permutation" we could not find (its text was not
-available to us beyond the abstract), so the measures of steps 4 and 5 are ours. ``signed_perm`` / ``signs`` of a row are the signed permutation of step 4:
-what each neuron is mapped to, itself (a mirror-symmetric filter), its negation (an antisymmetric
-filter: tanh is odd, so this is still equivariant), or another neuron (its filter's mirror image),
-possibly negated.
+available to us beyond the abstract), so the measures of steps 4 and 5 are ours. ``signed_perm`` /
+``signs`` of a row are the signed permutation of step 4: what each neuron is mapped to, itself (a
+mirror-symmetric filter), its negation (an antisymmetric filter: tanh is odd, so this is still
+equivariant), or another neuron (its filter's mirror image), possibly negated.
 
 Rows go to the catalog's ``layer_equivariance`` relation (one results folder per analysis,
 committed atomically), joinable with ``models``; the graph store gets, per model, the newest
@@ -261,7 +262,8 @@ def fit_layers(net: nn.Module, spec: dict, transform: str, samples: int = 100_00
             k + 1, a.shape[0], act, _median_rel_error(ft, fgt, a), _median_rel_error(ft, fgt, np.eye(len(a))),
             _median_rel_error(ft, fgt, _signed_perm_matrix(s_cols, s_signs)),
             _median_rel_error(ft, fgt, _signed_perm_matrix(p_cols, p_signs)),
-            neuron_share(ft, fgt, s_cols, s_signs), neuron_share(ft, fgt, p_cols, p_signs), s_dist, nearest_permutation_distance(a), matched_row_share(a, near_cols), lam, cond,
+            neuron_share(ft, fgt, s_cols, s_signs), neuron_share(ft, fgt, p_cols, p_signs),
+            s_dist, nearest_permutation_distance(a), matched_row_share(a, near_cols), lam, cond,
             *matched_correlation(ft, fgt), a, s_cols, s_signs))
     return fits
 
