@@ -128,17 +128,24 @@ LAYER_EQUIVARIANCE = pa.schema([       # jobs layer-equivariance: one row per mo
     ("layer", pa.int32()),               # 1-based: f_1 = first hidden layer after its activation; last = output
     ("width", pa.int32()),
     ("activation", pa.string()),         # the layer's activation (null: linear output)
-    ("samples", pa.int64()),             # noise inputs (half fit A, half measure the error)
+    ("samples", pa.int64()),             # noise inputs (half fit A, a quarter picks the ridge, a quarter tests)
     ("seed", pa.int64()),
     ("noise_std", pa.float64()),         # noise inputs y ~ N(0, noise_std^2) per entry
-    ("error", pa.float64()),             # median held-out |f(gy) - A f(y)| / |f(y)|
+    ("error", pa.float64()),             # median test |f(gy) - A f(y)| / |f(y)|, A the ridge fit
     ("identity_error", pa.float64()),    # the same with A = I
-    ("signed_perm_distance", pa.float64()),   # min ||A - P||_F / sqrt(width) over signed permutations
-    ("perm_distance", pa.float64()),          # ... over permutations
+    ("signed_perm_error", pa.float64()), # the same with A = the best signed permutation (least squares)
+    ("perm_error", pa.float64()),        # the same with A = the best permutation
+    ("signed_perm_neurons", pa.float64()),    # share of neurons that signed permutation maps within 10% of their image
+    ("perm_neurons", pa.float64()),           # ... that permutation
+    ("signed_perm_rel_dist", pa.float64()),   # min ||A - c P||_F / ||A||_F over scales c, signed permutations P
+    ("perm_rel_dist", pa.float64()),          # ... over permutations
+    ("signed_perm_share", pa.float64()), # median over rows of A's squared mass on the nearest P's entry
+    ("ridge", pa.float64()),             # ridge of the fit, relative to the mean eigenvalue of f^T f
+    ("condition", pa.float64()),         # condition number of f on the fit samples
     ("match_corr", pa.float64()),        # median |corr(f_pi(j)(gy), f_j(y))|, best signed neuron matching pi
     ("match_negations", pa.int32()),     # neurons pi maps onto a negated neuron
     ("matrix", pa.list_(pa.float32())),  # A, row-major width x width
-    ("signed_perm", pa.list_(pa.int32())),    # nearest signed permutation: column of each row ...
+    ("signed_perm", pa.list_(pa.int32())),    # best signed permutation: column of each row ...
     ("signs", pa.list_(pa.int8())),           # ... and its sign
     ("created_at", pa.timestamp("us", tz="UTC")),
 ])

@@ -237,8 +237,8 @@ def merge(model_a, model_b, method, alpha, run_id, points, no_reset_bn, out, ing
 @click.option("--transform", "transforms", multiple=True, required=True, metavar="NAME",
               help="Input transform g: mirror-lr, mirror-ud (of the square image grid of the input) or "
                    "perm-input[:SEED] (a random permutation of the inputs). Repeatable.")
-@click.option("--samples", type=click.IntRange(min=4), default=100_000, show_default=True,
-              help="Noise inputs per model: half fit A_i, the other half measure the error.")
+@click.option("--samples", type=click.IntRange(min=8), default=100_000, show_default=True,
+              help="Noise inputs per model: half fit A_i, a quarter picks the ridge, a quarter measures the errors.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the noise inputs.")
 @click.option("--noise-std", type=float, default=1.0, show_default=True,
               help="Noise inputs y have i.i.d. N(0, STD^2) entries.")
@@ -250,14 +250,29 @@ def layer_equivariance(catalog, where, transforms, samples, seed, noise_std, fmt
                        neo4j_user, neo4j_password):
     """Which layers of the selected MLPs are equivariant to an input transform g, and to what.
 
-    Per model and layer i (hidden layers after their activation, then the output): the linear map
-    A_i fitted by least squares so that A_i f_i(y) ~ f_i(g y) on Gaussian noise inputs y, the
-    median relative error |f_i(g y) - A_i f_i(y)| / |f_i(y)| on held-out noise, and the distance of
-    A_i to the nearest signed permutation and to the nearest permutation. Prints a row per model
-    and layer and a summary (medians) by activation, task, trained and analysed transform; writes
-    the rows (with A_i) to the catalog's layer_equivariance relation, e.g.
+    Per model and layer i (hidden layers after their activation, then the output), on Gaussian
+    noise inputs y (half fit, a quarter validates, a quarter tests):
 
-    
+    \b
+      error           median |f_i(g y) - A_i f_i(y)| / |f_i(y)|, A_i a ridge fit of
+                      A_i f_i(y) ~ f_i(g y) (ridge picked on the validation quarter)
+      identity_error  the same with A = I (how much g moves the layer)
+      sperm_error     the same with A = the best signed permutation (tanh's group)
+      perm_error      the same with A = the best permutation (GELU's group)
+      sperm_neurons   share of neurons that signed permutation maps onto their image
+                      within 10% (relative residual); perm_neurons: the same for perm_error's
+      sperm_dist      min over scales c and signed permutations P of ||A - cP|| / ||A||
+                      (0: A is a scaled signed permutation; ~0.95 for a random matrix)
+      sperm_share     median share of each row's squared mass of A on P's entry
+      match_corr      median |corr| of each neuron's image with its best signed match
+
+    sperm_error is the robust answer to "is A_i near a signed permutation"; the distances on A
+    mean little where the layer's outputs are nearly collinear (the condition number is stored).
+    Prints a row per model and layer and a summary (medians) by activation, task, trained and
+    analysed transform; writes the rows (with A_i) to the catalog's layer_equivariance relation,
+    e.g.
+
+    \b
       pipeline sql "SELECT activation, layer, median(error) FROM layer_equivariance
                     JOIN models m USING (model_id) GROUP BY ALL"
 

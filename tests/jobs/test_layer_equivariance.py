@@ -11,8 +11,9 @@ from graphstore.metadata import open_store
 from graphstore.sql import run_readonly
 from graphstore.sync import sync_store
 from jobs.cli import main as jobs_cli
-from jobs.layer_equivariance import (analyse_catalog, fit_layers, nearest_permutation_distance,
-                                     nearest_signed_permutation, neuron_roles)
+from jobs.layer_equivariance import (analyse_catalog, best_group_map, fit_layers, matched_row_share,
+                                     nearest_permutation_distance, nearest_signed_permutation, neuron_roles,
+                                     ridge_fit)
 from pipeline.cli import main as pipeline_cli
 from pipeline.ingest import ingest_zoo
 from pipeline.spec import build_module
@@ -69,9 +70,11 @@ def test_exactly_equivariant_tanh_layer_is_found_with_its_signed_permutation():
     expected = np.zeros((64, 64))
     expected[np.arange(64), perm] = signs
     assert np.abs(fit.matrix - expected).max() < 1e-5
-    assert fit.signed_perm_distance < 1e-5 and fit.match_corr > 1 - 1e-9
+    assert fit.signed_perm_error < 1e-6 and fit.signed_perm_rel_dist < 1e-5 and fit.signed_perm_share > 1 - 1e-9
+    assert fit.signed_perm_neurons == 1.0 and fit.perm_neurons < 1.0
+    assert fit.match_corr > 1 - 1e-9
     assert fit.match_negations == int((signs < 0).sum()) > 0
-    assert fit.perm_distance > 0.5                  # the negated neurons are no plain permutation
+    assert fit.perm_rel_dist > 0.3 and fit.perm_error > 0.1     # the negated neurons are no plain permutation
     roles = neuron_roles(fit)
     assert {"mirror", "negation", "itself"} == set(roles) and "negated mirror" not in roles
 
@@ -81,7 +84,8 @@ def test_gelu_needs_a_plain_permutation():
     spec = equivariant.equivariant_spec("gelu", "autoencoder", width=64)
     net, perm, _ = equivariant_first_layer("gelu", kinds=("pair", "symmetric"))
     fit = fit_layers(net, spec, "mirror-lr", samples=4000)[0]
-    assert fit.error < 1e-6 and fit.perm_distance < 1e-5 and np.array_equal(fit.signed_perm, perm)
+    assert fit.error < 1e-6 and fit.perm_rel_dist < 1e-5 and fit.perm_error < 1e-6 and fit.perm_neurons == 1.0
+    assert np.array_equal(fit.signed_perm, perm)
     assert fit.match_negations == 0
     net, _, _ = equivariant_first_layer("gelu")
     assert fit_layers(net, spec, "mirror-lr", samples=4000)[0].error > 0.05
@@ -94,24 +98,79 @@ def test_random_mlp_is_not_layerwise_equivariant():
     with torch.no_grad():
         net.layers[0].weight.normal_(0, 0.5)
     fits = fit_layers(net, spec, "mirror-lr", samples=4000)
-    assert fits[0].error > 0.1 and fits[0].signed_perm_distance > 0.3 and fits[0].match_corr < 0.9
+    assert fits[0].error > 0.1 and fits[0].match_corr < 0.9
+    assert fits[0].signed_perm_error > 0.5 and fits[0].signed_perm_rel_dist > 0.5 and fits[0].signed_perm_share < 0.5
+    assert fits[0].signed_perm_neurons < 0.1
     assert [f.layer for f in fits] == [1, 2, 3, 4] and fits[-1].activation is None
 
 
-def test_nearest_permutations_are_exact_minimisers():
-    rng = np.random.default_rng(1)
-    a = rng.normal(size=(5, 5))
-    best_signed = best_plain = np.inf
+def _signed_perms(n):
     import itertools
 
-    for p in itertools.permutations(range(5)):
-        m = np.zeros((5, 5))
-        m[np.arange(5), p] = np.sign(a[np.arange(5), p])
-        best_signed = min(best_signed, np.linalg.norm(a - m) / np.sqrt(5))
-        m[np.arange(5), p] = 1
-        best_plain = min(best_plain, np.linalg.norm(a - m) / np.sqrt(5))
-    assert nearest_signed_permutation(a)[2] == pytest.approx(best_signed)
-    assert nearest_permutation_distance(a) == pytest.approx(best_plain)
+    for p in itertools.permutations(range(n)):
+        for signs in itertools.product((1, -1), repeat=n):
+            m = np.zeros((n, n))
+            m[np.arange(n), p] = signs
+            yield m
+
+
+def test_nearest_permutations_are_exact_minimisers_up_to_scale():
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(4, 4))
+
+    def rel(m):                                   # min over c of ||a - c m|| / ||a||
+        c = (a * m).sum() / (m * m).sum()
+        return np.linalg.norm(a - c * m) / np.linalg.norm(a)
+
+    perms = list(_signed_perms(4))
+    assert nearest_signed_permutation(a)[2] == pytest.approx(min(rel(m) for m in perms))
+    assert nearest_permutation_distance(a) == pytest.approx(min(rel(m) for m in perms if (m >= 0).all()))
+
+
+def test_relative_distance_is_scale_free_and_large_for_a_random_matrix():
+    rng = np.random.default_rng(0)
+    cols, signs = rng.permutation(64), rng.choice([-1, 1], 64)
+    p = np.zeros((64, 64))
+    p[np.arange(64), cols] = signs
+    for scale in (1e-3, 1.0, 1e3):
+        got_cols, got_signs, dist = nearest_signed_permutation(scale * p)
+        assert dist < 1e-12 and np.array_equal(got_cols, cols) and np.array_equal(got_signs, signs)
+        assert matched_row_share(scale * p, got_cols) == 1.0
+    noisy = p + 0.1 * rng.normal(size=(64, 64))
+    assert 0.4 < nearest_signed_permutation(noisy)[2] < 0.7         # sqrt(1 - 1 / (1 + 64 * 0.01)) = 0.62
+    g = rng.normal(size=(64, 64))
+    g_cols, _, g_dist = nearest_signed_permutation(g)
+    assert g_dist > 0.9 and matched_row_share(g, g_cols) < 0.15
+    assert nearest_signed_permutation(np.zeros((3, 3)))[2] == 1.0
+
+
+def test_best_group_map_minimises_the_squared_residual():
+    rng = np.random.default_rng(2)
+    f = rng.normal(size=(200, 4))
+    fg = f @ rng.normal(size=(4, 4)).T
+    cols, signs = best_group_map(f, fg)
+    best = min(_signed_perms(4), key=lambda m: ((fg - f @ m.T) ** 2).sum())
+    got = np.zeros((4, 4))
+    got[np.arange(4), cols] = signs
+    assert np.array_equal(got, best)
+    cols, signs = best_group_map(f, fg, signed=False)
+    best = min((m for m in _signed_perms(4) if (m >= 0).all()), key=lambda m: ((fg - f @ m.T) ** 2).sum())
+    assert (signs == 1).all() and np.array_equal(np.eye(4)[cols], best)
+
+
+def test_ridge_tames_collinear_neurons():
+    """Two nearly identical neurons: plain least squares puts huge opposite weights on their
+    difference (fitting noise); the ridge chosen on held-out samples does not, and A stays near P."""
+    rng = np.random.default_rng(3)
+    n, width = 4000, 6
+    f = rng.normal(size=(n, width))
+    f[:, 1] = f[:, 0] + 1e-5 * rng.normal(size=n)
+    p = np.eye(width)[[1, 0, 3, 2, 5, 4]]
+    fg = f @ p.T + 0.05 * rng.normal(size=(n, width))
+    plain = np.linalg.lstsq(f[:2000], fg[:2000], rcond=None)[0].T
+    a, lam = ridge_fit(f[:2000], fg[:2000], f[2000:3000], fg[2000:3000])
+    assert np.abs(plain).max() > 10 and lam > 0 and np.abs(a).max() < 1.5
+    assert nearest_signed_permutation(a)[2] < nearest_signed_permutation(plain)[2]
 
 
 def test_transforms():
