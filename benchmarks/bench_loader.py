@@ -6,6 +6,7 @@ batches already in memory. Memory is measured in fresh processes.
 
     .venv/bin/python benchmarks/bench_loader.py
     .venv/bin/python benchmarks/bench_loader.py --compare aa4c1f9   # trainer speed-up over a revision
+    .venv/bin/python benchmarks/bench_loader.py --compare aa4c1f9 --threads 1   # the same on a busy machine
 
 ``--compare REV`` extracts REV's source (``git archive``) into a temporary folder and times its
 trainer against this checkout's on the same in-memory batches, alternating the two several times
@@ -57,9 +58,11 @@ print(json.dumps(out))
 """
 
 
-def run(mode, catalog, source: Path | None = None, repeats: int = 1):
+def run(mode, catalog, source: Path | None = None, repeats: int = 1, threads: int | None = None):
     """Run the child on ``catalog``; with ``source``, the code imported is that folder's."""
     env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     if source is not None:
         env["PYTHONPATH"] = str(source)
     p = subprocess.run([sys.executable, "-c", CHILD, mode, str(catalog), str(repeats)], capture_output=True,
@@ -75,8 +78,10 @@ def source_of(rev: str, into: Path) -> Path:
     return into
 
 
-def compare(rev: str, catalog: Path, rounds: int = 3) -> None:
-    """Trainer graphs/s of ``rev`` and of this checkout, alternated ``rounds`` times, best of each."""
+def compare(rev: str, catalog: Path, rounds: int = 3, threads: int | None = None) -> None:
+    """Trainer graphs/s of ``rev`` and of this checkout, alternated ``rounds`` times, best of each;
+    with ``threads``, every child runs that many torch threads (1 keeps a shared machine's load from
+    deciding the ratio: two-thread children are slowed many times over by other processes)."""
     here = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory() as tmp:
         old_src = source_of(rev, Path(tmp))
@@ -84,7 +89,7 @@ def compare(rev: str, catalog: Path, rounds: int = 3) -> None:
         n = 0
         for _ in range(rounds):
             for name, src in (("old", old_src), ("new", here)):
-                r = run("train", catalog, src, repeats=2)
+                r = run("train", catalog, src, repeats=2, threads=threads)
                 best[name], n = min(best[name], r["train_s"]), r["n"]
     print(f"trainer on {n} models, best of {rounds}x2 passes: {rev} {n / best['old']:.0f} graphs/s, "
           f"this checkout {n / best['new']:.0f} graphs/s   speed-up: {best['old'] / best['new']:.2f}x (target >= 2x)")
@@ -102,11 +107,13 @@ def catalog_for(zoo: Path) -> Path:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compare", metavar="REV", help="also time REV's trainer against this checkout's")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads per timed child in --compare (default: torch's choice; 1 on a shared machine)")
     args = ap.parse_args()
     base = base_zoo("cnn", 40)
     small, large = catalog_for(grown_zoo(base, 3)), catalog_for(grown_zoo(base, 12))
     if args.compare:
-        compare(args.compare, small)
+        compare(args.compare, small, threads=args.threads)
     a, t, b = run("load", small), run("train", small), run("load", large)
     print(f"{a['n']} models: loader {a['n'] / a['load_s']:.0f} graphs/s, trainer {t['n'] / t['train_s']:.0f} graphs/s"
           f"   loader/trainer: {t['train_s'] / a['load_s']:.1f}x (target >= 3x)")
