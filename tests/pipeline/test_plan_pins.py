@@ -12,7 +12,6 @@ import hashlib
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from pipeline.neural_graph.plan import Plan, architecture_signature, plan_from_module
 from pipeline.neural_graph.spec_plan import plan_from_spec
