@@ -14,7 +14,7 @@ import json
 import math
 import operator
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -23,8 +23,8 @@ import torch
 from pipeline.neural_graph.attention_core import AttentionCoreOps, attention_cores
 from pipeline.neural_graph.composite import CompositeOps, composite_activations
 from pipeline.neural_graph.concat import SPLIT_OPS, ConcatOps, layer_map, source_of, whole_layer
-from pipeline.neural_graph.gate import GateOps
 from pipeline.neural_graph.layout import PERMUTE_OPS, RESTRIDE_OPS, SLICE_OPS, LayoutOps
+from pipeline.neural_graph.ops import TRACE_HANDLERS, TRACER_MIXINS, Op, make_op, op_from_dict
 from pipeline.neural_graph.tokens import EXPAND_OPS, SELECT_OPS, TokenOps
 from pipeline.neural_graph.vocabulary import aten_activations
 from zoocore.errors import UnsupportedModuleError
@@ -55,7 +55,7 @@ class Plan:
     """Neuron layers, operations and non-parametric steps of one architecture."""
 
     layers: list[NeuronLayer]
-    ops: list[dict[str, Any]]
+    ops: list[Op]
     steps: list[dict[str, Any]]          # every traced step in order (pools, flattens included)
     output_layer: int
     kernel_shape: tuple[int, int]
@@ -65,13 +65,21 @@ class Plan:
     input_dtype: str = "float32"
     signature: str = field(default="")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form: operations as their kinds' dicts (``Op.to_dict``)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["layers"] = [asdict(x) for x in self.layers]
+        d["ops"] = [op.to_dict() for op in self.ops]
+        return d
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         d = json.loads(text)
         d["layers"] = [NeuronLayer(**x) for x in d["layers"]]
+        d["ops"] = [op_from_dict(x) for x in d["ops"]]
         d["kernel_shape"] = tuple(d["kernel_shape"])
         return cls(**d)
 
@@ -137,7 +145,7 @@ def _shape(node) -> tuple[int, ...]:
 CONST = "const"          # a value computed from constants only (masks, position ids): no neurons
 
 
-class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, CompositeOps):
+class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, CompositeOps):
     Val = _Val
 
     def __init__(self, exported, constant_keys: frozenset = frozenset()):
@@ -150,7 +158,7 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
         self.user_inputs = [s.arg.name for s in sig.input_specs if s.kind.name == "USER_INPUT"]
         self.state = exported.state_dict
         self.layers: list[NeuronLayer] = []
-        self.ops: list[dict[str, Any]] = []
+        self.ops: list[Op] = []
         self.steps: list[dict[str, Any]] = []
         self.vals: dict[str, Any] = {}
         self.used_keys: set[str] = set()
@@ -226,8 +234,9 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
     def add_op(self, node, **op) -> None:
         path, _ = _module_path(node)
         op.setdefault("path", path)
-        self.ops.append(op)
-        self.steps.append({"step": op["kind"], "op": len(self.ops) - 1, "dst_layer": op.get("dst_layer")})
+        rec = make_op(**op)
+        self.ops.append(rec)
+        self.steps.append({"step": rec.kind.value, "op": len(self.ops) - 1, "dst_layer": rec.dst_layer})
 
     # -------------------------------------------------------------- handlers
     def run(self) -> Plan:
@@ -330,8 +339,6 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
             return self.split(node)
         if t is aten.transpose.int:
             return self.transpose(node)
-        if t is aten.mul.Tensor:
-            return self.mul(node)
         if t in PERMUTE_OPS:
             return self.permute(node)
         if t in RESTRIDE_OPS:
@@ -342,6 +349,9 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
             return self.expand(node)
         if t in SELECT_OPS:
             return self.select(node)
+        handler = TRACE_HANDLERS.get(t)
+        if handler is not None:
+            return getattr(self, handler)(node)
         raise _unsupported(node, "not covered by the neural-graph converter")
 
     def conv(self, node) -> None:
@@ -718,7 +728,7 @@ def architecture_signature(plan: Plan) -> str:
     """A structural hash: layer kinds, sizes, activations, operation shapes and wiring, and
     non-parametric steps; parameter names are left out (two spellings of one network agree)."""
     drop = {"path", "weight_key", "bias_key", "mean_key", "var_key", "nbt_key"}
-    ops = [{k: v for k, v in op.items() if k not in drop} | {"has_bias": op.get("bias_key") is not None}
+    ops = [{k: v for k, v in op.to_dict().items() if k not in drop} | {"has_bias": op.get("bias_key") is not None}
            for op in plan.ops]
     body = {"layers": [asdict(x) for x in plan.layers], "ops": ops, "steps": plan.steps,
             "output": plan.output_layer, "input": plan.input_shape}

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.neural_graph.ops import Op, make_op
 from pipeline.neural_graph.plan import NeuronLayer, Plan, architecture_signature
 from pipeline.neural_graph.vocabulary import VOCABULARY
 from pipeline.spec import Residual, SpecNet, example_input
@@ -46,7 +47,7 @@ class _SpecPlanner:
     def __init__(self, net: SpecNet, example: torch.Tensor):
         self.net = net
         self.layers: list[NeuronLayer] = []
-        self.ops: list[dict[str, Any]] = []
+        self.ops: list[Op] = []
         self.steps: list[dict[str, Any]] = []
         self.state = net.state_dict()
         self.example = example
@@ -57,8 +58,9 @@ class _SpecPlanner:
 
     def add_op(self, path: str, **op) -> None:
         op["path"] = path
-        self.ops.append(op)
-        self.steps.append({"step": op["kind"], "op": len(self.ops) - 1, "dst_layer": op.get("dst_layer")})
+        rec = make_op(**op)
+        self.ops.append(rec)
+        self.steps.append({"step": rec.kind.value, "op": len(self.ops) - 1, "dst_layer": rec.dst_layer})
 
     def key(self, path: str, name: str) -> str | None:
         k = f"{path}.{name}"
