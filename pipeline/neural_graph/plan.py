@@ -25,6 +25,7 @@ from pipeline.neural_graph.composite import CompositeOps, composite_activations
 from pipeline.neural_graph.concat import SPLIT_OPS, ConcatOps, layer_map, source_of, whole_layer
 from pipeline.neural_graph.layout import PERMUTE_OPS, RESTRIDE_OPS, SLICE_OPS, LayoutOps
 from pipeline.neural_graph.ops import TRACE_HANDLERS, TRACER_MIXINS, Op, make_op, op_from_dict
+from pipeline.neural_graph.ops.base import node_shape
 from pipeline.neural_graph.tokens import EXPAND_OPS, SELECT_OPS, TokenOps
 from pipeline.neural_graph.vocabulary import aten_activations
 from zoocore.errors import UnsupportedModuleError
@@ -135,11 +136,7 @@ def _feeds_convolution(node) -> bool:
     return False
 
 
-def _shape(node) -> tuple[int, ...]:
-    val = node.meta.get("val")
-    if isinstance(val, (tuple, list)):
-        val = val[0]
-    return tuple(int(s) for s in val.shape)
+_shape = node_shape
 
 
 CONST = "const"          # a value computed from constants only (masks, position ids): no neurons
@@ -315,8 +312,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         if t is aten.t.default and isinstance(node.args[0], torch.fx.Node) and node.args[0].name in self.param_of:
             self.vals[node.name] = ("param_t", node.args[0])
             return
-        if t is aten.convolution.default:
-            return self.conv(node)
         if t in (aten.addmm.default, aten.mm.default, aten.linear.default):
             return self.linear(node)
         if t is aten._native_batch_norm_legit_no_training.default:
@@ -353,27 +348,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         if handler is not None:
             return getattr(self, handler)(node)
         raise _unsupported(node, "not covered by the neural-graph converter")
-
-    def conv(self, node) -> None:
-        x, w, b, stride, padding, dilation, transposed, _out_pad, groups = node.args
-        if transposed:
-            raise _unsupported(node, "transposed convolution")
-        v = self.val(node, x)
-        wkey = self.key(w)
-        if wkey is None:
-            raise _unsupported(node, "convolution whose weight is not a parameter")
-        wshape = list(self.state[wkey].shape)
-        cout, cin_g = wshape[0], wshape[1]
-        kernel = wshape[2:]
-        kh, kw = (1, kernel[0]) if len(kernel) == 1 else (kernel[0], kernel[1])
-        if cin_g * groups != self.width(v) or v.folded is not None:
-            raise _unsupported(node, "convolution whose input channels do not match the neurons")
-        src = self.source(node, v)
-        dst = self.new_layer(cout, "conv")
-        self.add_op(node, kind="conv", relation="conv", **src, dst_layer=dst, weight_key=wkey,
-                    bias_key=self.key(b), weight_shape=wshape, kernel=[kh, kw], groups=int(groups),
-                    stride=list(stride), padding=list(padding), dilation=list(dilation))
-        self.vals[node.name] = _Val(dst, False, _shape(node)[2:])
 
     def linear(self, node) -> None:
         if node.target is aten.addmm.default:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.neural_graph.ops import Op, make_op
+from pipeline.neural_graph.ops import SPEC_HANDLERS, SPEC_MIXINS, Op, make_op
 from pipeline.neural_graph.plan import NeuronLayer, Plan, architecture_signature
 from pipeline.neural_graph.vocabulary import VOCABULARY
 from pipeline.spec import Residual, SpecNet, example_input
@@ -43,7 +43,10 @@ class _Val:
     fresh: bool = True          # produced by an operation read by exactly one consumer so far
 
 
-class _SpecPlanner:
+class _SpecPlanner(*SPEC_MIXINS):
+    NotCovered = _NotCovered
+    Val = _Val
+
     def __init__(self, net: SpecNet, example: torch.Tensor):
         self.net = net
         self.layers: list[NeuronLayer] = []
@@ -113,8 +116,6 @@ class _SpecPlanner:
     def module(self, mod: nn.Module, path: str, v: _Val, x: torch.Tensor, y: torch.Tensor) -> _Val:
         if isinstance(mod, (nn.Identity, nn.Dropout)):
             return v
-        if isinstance(mod, (nn.Conv1d, nn.Conv2d)):
-            return self.conv(mod, path, v, y)
         if isinstance(mod, nn.Linear):
             return self.linear(mod, path, v)
         if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
@@ -127,24 +128,12 @@ class _SpecPlanner:
             return self.flatten(v, y)
         if isinstance(mod, Residual):
             return self.residual(mod, path, v, x)
+        for types, handler in SPEC_HANDLERS:
+            if isinstance(mod, types):
+                return getattr(self, handler)(mod, path, v, x, y)
         raise _NotCovered(type(mod).__name__)
 
     # ------------------------------------------------------------------ one rule per module kind
-    def conv(self, mod, path: str, v: _Val, y: torch.Tensor) -> _Val:
-        if v.channels_last or v.folded is not None or mod.in_channels != self.layers[v.layer].size:
-            raise _NotCovered("conv input")
-        if isinstance(mod.padding, str):     # ATen receives 'same' / 'valid' in shapes of its own
-            raise _NotCovered("string padding")
-        wshape = list(mod.weight.shape)
-        kernel = wshape[2:]
-        kh, kw = (1, kernel[0]) if len(kernel) == 1 else (kernel[0], kernel[1])
-        dst = self.new_layer(wshape[0], "conv")
-        self.add_op(path, kind="conv", relation="conv", src_layer=v.layer, dst_layer=dst,
-                    weight_key=f"{path}.weight", bias_key=self.key(path, "bias"), weight_shape=wshape,
-                    kernel=[kh, kw], groups=int(mod.groups), stride=list(mod.stride), padding=list(mod.padding),
-                    dilation=list(mod.dilation))
-        return _Val(dst, False, tuple(y.shape[2:]))
-
     def linear(self, mod, path: str, v: _Val) -> _Val:
         if not v.channels_last or v.spatial:
             raise _NotCovered("linear layer on maps or tokens")

@@ -57,6 +57,14 @@ def frame_offset(kernel, frame: tuple[int, int]) -> tuple[int, int]:
     return (frame[0] - kernel[0]) // 2, (frame[1] - kernel[1]) // 2
 
 
+def node_shape(node) -> tuple[int, ...]:
+    """Shape of an fx node's (first) value."""
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        val = val[0]
+    return tuple(int(s) for s in val.shape)
+
+
 @dataclass(kw_only=True)
 class Op:
     """One operation of a plan: where it reads (``src_layer``, or ``src_segments`` for a
