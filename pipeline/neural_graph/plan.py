@@ -25,6 +25,7 @@ from pipeline.neural_graph.composite import CompositeOps, composite_activations
 from pipeline.neural_graph.concat import SPLIT_OPS, ConcatOps, layer_map, source_of, whole_layer
 from pipeline.neural_graph.layout import PERMUTE_OPS, RESTRIDE_OPS, SLICE_OPS, LayoutOps
 from pipeline.neural_graph.ops import TRACE_HANDLERS, TRACER_MIXINS, Op, make_op, op_from_dict
+from pipeline.neural_graph.ops.attention import attention_blocks
 from pipeline.neural_graph.ops.base import node_shape
 from pipeline.neural_graph.tokens import EXPAND_OPS, SELECT_OPS, TokenOps
 from pipeline.neural_graph.vocabulary import aten_activations
@@ -159,7 +160,7 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         self.steps: list[dict[str, Any]] = []
         self.vals: dict[str, Any] = {}
         self.used_keys: set[str] = set()
-        self.blocks = _attention_blocks(exported.graph)
+        self.blocks = attention_blocks(exported.graph, _clean_path)
         self.cores = attention_cores(exported.graph, _clean_path)
         self.composites = composite_activations(exported.graph, _clean_path)
         self.done_blocks: set[str] = set()
@@ -295,8 +296,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         if self.is_constant(node):
             self.vals[node.name] = CONST
             return
-        if t is aten._transformer_encoder_layer_fwd.default:
-            return self.encoder_layer(node)
         if t is _getitem:
             src = self.vals.get(node.args[0].name)
             if isinstance(src, tuple):
@@ -312,8 +311,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         if t is aten.t.default and isinstance(node.args[0], torch.fx.Node) and node.args[0].name in self.param_of:
             self.vals[node.name] = ("param_t", node.args[0])
             return
-        if t in (aten.addmm.default, aten.mm.default, aten.linear.default):
-            return self.linear(node)
         if t is aten._native_batch_norm_legit_no_training.default:
             return self.batch_norm(node)
         if t is aten.native_layer_norm.default:
@@ -348,54 +345,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         if handler is not None:
             return getattr(self, handler)(node)
         raise _unsupported(node, "not covered by the neural-graph converter")
-
-    def linear(self, node) -> None:
-        if node.target is aten.addmm.default:
-            b, x, wt = node.args[:3]
-            if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
-                raise _unsupported(node, "scaled addmm")
-        elif node.target is aten.mm.default:
-            x, wt = node.args
-            b = None
-        else:
-            x, w, b = (list(node.args) + [None])[:3]
-            wt = ("direct", w)
-        ref = self.vals.get(wt.name) if isinstance(wt, torch.fx.Node) else wt
-        if isinstance(wt, torch.fx.Node) and wt.name in self.param_of:
-            ref = ("in_out", wt)                # x @ W with W stored (in, out): GPT-2's Conv1D
-        if not (isinstance(ref, tuple) and ref[0] in ("param_t", "direct", "in_out")):
-            raise _unsupported(node, "matrix product with a non-parameter operand")
-        wkey = self.key(ref[1])
-        bkey = self.key(b)
-        if wkey is None:
-            raise _unsupported(node, "linear layer whose weight is not a parameter")
-        v = self.val(node, x)
-        out_f, in_f = (int(s) for s in self.state[wkey].shape)
-        transposed = ref[0] == "in_out"
-        if transposed:
-            out_f, in_f = in_f, out_f
-        size = self.width(v)
-        if v.folded is not None and v.nmap is not None:
-            raise _unsupported(node, "linear layer on a flattened map of concatenated channels")
-        if v.folded is not None:
-            fold = v.folded
-            if transposed:
-                raise _unsupported(node, "(in, out) weight on a flattened map")
-            if size * math.prod(fold) != in_f:
-                raise _unsupported(node, "linear layer whose inputs do not match the flattened map")
-            kh, kw = (1, fold[0]) if len(fold) == 1 else (fold[0], fold[1]) if len(fold) == 2 else (1, 1)
-            relation = "conv"   # a linear layer after pooling + flatten is a (kh x kw) "valid" conv
-        else:
-            if size != in_f:
-                raise _unsupported(node, "linear layer whose inputs do not match the neurons",
-                                   f"{in_f} inputs, {size} neurons")
-            kh, kw, relation = 1, 1, "linear"
-        src = self.source(node, v)
-        dst = self.new_layer(out_f, "linear")
-        self.add_op(node, kind="linear", relation=relation, **src, dst_layer=dst, weight_key=wkey,
-                    bias_key=bkey, weight_shape=[out_f, in_f], kernel=[kh, kw], groups=1,
-                    **({"transposed": True} if transposed else {}))
-        self.vals[node.name] = _Val(dst, True, v.spatial if v.channels_last else ())
 
     def _norm_target(self, node, v: _Val, kind: str) -> int:
         if v.folded is not None or v.tokens:
@@ -491,99 +440,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
             self.add_op(node, kind="residual", relation="residual", **src, dst_layer=dst, kernel=[1, 1])
         self.vals[node.name] = _Val(dst, va.channels_last, va.spatial)
 
-    def bias_add(self, node, v: _Val, b) -> None:
-        """``mm`` then ``+ bias``: how a linear layer on 3-d input exports; fold the bias into it."""
-        key = self.key(b)
-        op = self.ops[-1] if self.ops else None
-        if (op is None or v.layer is None or op["dst_layer"] != v.layer or op.get("bias_key") is not None or op["kind"] != "linear"
-                or tuple(self.state[key].shape) != (self.layers[v.layer].size,)):
-            raise _unsupported(node, "addition of a parameter that is not the bias of the layer before it")
-        op["bias_key"] = key
-        self.vals[node.name] = v
-
-    def _attention(self, node, v: _Val, embed: int, in_w: str, in_b: str | None, out_w: str,
-                   out_b: str | None, heads: int) -> _Val:
-        """Q, K, V neuron layers from the input and an O layer from V: four typed edge blocks."""
-        if v.layer is None or not v.channels_last or self.layers[v.layer].size != embed:
-            raise _unsupported(node, "attention whose input is not a layer of embed_dim neurons")
-        qkv = []
-        for i, rel in enumerate(("attn_q", "attn_k", "attn_v")):
-            dst = self.new_layer(embed, "attention")
-            self.add_op(node, kind="linear", relation=rel, src_layer=v.layer, dst_layer=dst, weight_key=in_w,
-                        bias_key=in_b, rows=[i * embed, (i + 1) * embed], param_shape=[3 * embed, embed],
-                        weight_shape=[embed, embed], kernel=[1, 1], groups=1, heads=heads)
-            qkv.append(dst)
-        out = self.new_layer(embed, "attention_out")
-        self.add_op(node, kind="linear", relation="attn_o", src_layer=qkv[2], dst_layer=out, weight_key=out_w,
-                    bias_key=out_b, weight_shape=[embed, embed], kernel=[1, 1], groups=1, heads=heads)
-        for k in (in_w, in_b, out_w, out_b):
-            if k:
-                self.used_keys.add(k)
-        return _Val(out, True, v.spatial)
-
-    def attention_block(self, node, block: "_Block") -> None:
-        """An nn.MultiheadAttention traced into many ATen ops: handled as one block."""
-        inputs = {a.name for n in block.nodes for a in n.all_input_nodes
-                  if a.name not in block.names and a.name not in self.param_of}
-        neuron_vals = [self.vals[i] for i in inputs if isinstance(self.vals.get(i), _Val)]
-        if len(inputs) != 1 or len(neuron_vals) != 1:
-            raise _unsupported(node, "attention other than self-attention on one input")
-        p = block.path + "."
-        keys = {k: p + k for k in ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")}
-        if keys["in_proj_weight"] not in self.state:
-            raise _unsupported(node, "attention with separate q/k/v projection weights")
-        embed = int(self.state[keys["out_proj.weight"]].shape[0])
-        out = self._attention(node, neuron_vals[0], embed, keys["in_proj_weight"],
-                              keys["in_proj_bias"] if keys["in_proj_bias"] in self.state else None,
-                              keys["out_proj.weight"],
-                              keys["out_proj.bias"] if keys["out_proj.bias"] in self.state else None,
-                              _heads(block, embed))
-        for n in block.outputs:
-            self.vals[n.name] = out
-
-    def encoder_layer(self, node) -> None:
-        """``TransformerEncoderLayer``'s fused fast path, decomposed into its parts."""
-        (src, embed, heads, qkv_w, qkv_b, proj_w, proj_b, use_gelu, norm_first, eps,
-         n1w, n1b, n2w, n2b, f1w, f1b, f2w, f2b) = node.args[:18]
-        if len(node.args) > 18 and node.args[18] is not None:
-            raise _unsupported(node, "encoder layer with an attention mask")
-        x = self.val(node, src)
-        if x.layer is None:
-            raise _unsupported(node, "encoder layer on concatenated neurons")
-        k = self.key
-        act = "gelu" if use_gelu else "relu"
-
-        def norm(v, w, b):
-            dst = self.new_layer(self.layers[v.layer].size, "norm")
-            self.add_op(node, kind="layer_norm", relation="norm", src_layer=v.layer, dst_layer=dst,
-                        weight_key=k(w), bias_key=k(b), eps=float(eps), kernel=[1, 1])
-            return _Val(dst, True, v.spatial)
-
-        def linear(v, w, b, activation="identity"):
-            wk = k(w)
-            out_f, in_f = (int(s) for s in self.state[wk].shape)
-            dst = self.new_layer(out_f, "linear")
-            self.add_op(node, kind="linear", relation="linear", src_layer=v.layer, dst_layer=dst, weight_key=wk,
-                        bias_key=k(b), weight_shape=[out_f, in_f], kernel=[1, 1], groups=1)
-            self.layers[dst].activation = activation
-            return _Val(dst, True, v.spatial)
-
-        def residual(skip, target):
-            self.add_op(node, kind="residual", relation="residual", src_layer=skip.layer, dst_layer=target.layer,
-                        kernel=[1, 1])
-            return target
-
-        def attention(v):
-            return self._attention(node, v, int(embed), k(qkv_w), k(qkv_b), k(proj_w), k(proj_b), int(heads))
-
-        if norm_first:
-            h = residual(x, attention(norm(x, n1w, n1b)))
-            out = residual(h, linear(linear(norm(h, n2w, n2b), f1w, f1b, act), f2w, f2b))
-        else:
-            h = norm(residual(x, attention(x)), n1w, n1b)
-            out = norm(residual(h, linear(linear(h, f1w, f1b, act), f2w, f2b)), n2w, n2b)
-        self.vals[node.name] = out
-
     def pool(self, node) -> None:
         v = self.val(node, node.args[0])
         if v.channels_last or v.folded is not None:
@@ -657,45 +513,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
                     input_shape=self.input_shape, input_dtype=self.input_dtype)
         plan.signature = architecture_signature(plan)
         return plan
-
-
-@dataclass
-class _Block:
-    path: str
-    heads: int
-    nodes: list
-    names: set
-    outputs: list
-
-
-def _attention_blocks(graph) -> dict[str, _Block]:
-    """Nodes that belong to an nn.MultiheadAttention call, by node name."""
-    blocks: dict[str, _Block] = {}
-    by_path: dict[str, _Block] = {}
-    for node in graph.nodes:
-        if node.op != "call_function":
-            continue
-        for key, (raw, typ) in (node.meta.get("nn_module_stack") or {}).items():
-            if isinstance(typ, type) and issubclass(typ, torch.nn.MultiheadAttention):
-                path = _clean_path(raw)
-                blk = by_path.setdefault(path, _Block(path, 0, [], set(), []))
-                blk.nodes.append(node)
-                blk.names.add(node.name)
-                blocks[node.name] = blk
-                break
-    for blk in by_path.values():
-        blk.outputs = [n for n in blk.nodes if any(u.name not in blk.names for u in n.users)]
-    return blocks
-
-
-def _heads(block: _Block, embed: int) -> int:
-    """Heads of an attention block, read from the q/k/v reshape to (L, B * heads, head_dim)."""
-    for n in block.nodes:
-        if n.target is aten.div.Tensor:          # q / sqrt(head_dim) once per call
-            shape = _shape(n)
-            if len(shape) == 3 and 0 < shape[-1] < embed and embed % shape[-1] == 0:
-                return embed // shape[-1]
-    return 1
 
 
 def architecture_signature(plan: Plan) -> str:

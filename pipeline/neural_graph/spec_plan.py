@@ -116,8 +116,6 @@ class _SpecPlanner(*SPEC_MIXINS):
     def module(self, mod: nn.Module, path: str, v: _Val, x: torch.Tensor, y: torch.Tensor) -> _Val:
         if isinstance(mod, (nn.Identity, nn.Dropout)):
             return v
-        if isinstance(mod, nn.Linear):
-            return self.linear(mod, path, v)
         if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
             return self.batch_norm(mod, path, v)
         if type(mod) in _ACTIVATION_NAMES:
@@ -134,27 +132,6 @@ class _SpecPlanner(*SPEC_MIXINS):
         raise _NotCovered(type(mod).__name__)
 
     # ------------------------------------------------------------------ one rule per module kind
-    def linear(self, mod, path: str, v: _Val) -> _Val:
-        if not v.channels_last or v.spatial:
-            raise _NotCovered("linear layer on maps or tokens")
-        size = self.layers[v.layer].size
-        out_f, in_f = mod.out_features, mod.in_features
-        if v.folded is not None:
-            fold = v.folded
-            if size * math.prod(fold) != in_f or len(fold) > 2:
-                raise _NotCovered("linear input")
-            kh, kw = (1, fold[0]) if len(fold) == 1 else fold
-            relation = "conv"
-        else:
-            if size != in_f:
-                raise _NotCovered("linear input")
-            kh, kw, relation = 1, 1, "linear"
-        dst = self.new_layer(out_f, "linear")
-        self.add_op(path, kind="linear", relation=relation, src_layer=v.layer, dst_layer=dst,
-                    weight_key=f"{path}.weight", bias_key=self.key(path, "bias"), weight_shape=[out_f, in_f],
-                    kernel=[int(kh), int(kw)], groups=1)
-        return _Val(dst, True, ())
-
     def batch_norm(self, mod, path: str, v: _Val) -> _Val:
         if v.folded is not None or not mod.track_running_stats or not mod.affine:
             raise _NotCovered("batch norm variant")
