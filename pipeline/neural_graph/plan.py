@@ -311,10 +311,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         if t is aten.t.default and isinstance(node.args[0], torch.fx.Node) and node.args[0].name in self.param_of:
             self.vals[node.name] = ("param_t", node.args[0])
             return
-        if t is aten._native_batch_norm_legit_no_training.default:
-            return self.batch_norm(node)
-        if t is aten.native_layer_norm.default:
-            return self.layer_norm(node)
         if t in _ACTIVATION_OPS or t is aten.hardtanh.default:
             return self.activation(node)
         if t is aten.add.Tensor:
@@ -345,37 +341,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         if handler is not None:
             return getattr(self, handler)(node)
         raise _unsupported(node, "not covered by the neural-graph converter")
-
-    def _norm_target(self, node, v: _Val, kind: str) -> int:
-        if v.folded is not None or v.tokens:
-            raise _unsupported(node, f"{kind} over a flattened map")
-        return self.new_layer(self.width(v), "norm")
-
-    def batch_norm(self, node) -> None:
-        x, w, b, rm, rv, momentum, eps = node.args
-        v = self.val(node, x)
-        src = self.source(node, v)
-        dst = self._norm_target(node, v, "batch norm")
-        wkey = self.key(w)
-        prefix = (wkey or self.key(rm) or "").rsplit(".", 1)[0]
-        nbt = prefix + ".num_batches_tracked" if prefix + ".num_batches_tracked" in self.state else None
-        if nbt:
-            self.used_keys.add(nbt)
-        self.add_op(node, kind="batch_norm", relation="norm", **src, dst_layer=dst, weight_key=wkey,
-                    bias_key=self.key(b), mean_key=self.key(rm), var_key=self.key(rv), nbt_key=nbt,
-                    eps=float(eps), momentum=float(momentum), kernel=[1, 1])
-        self.vals[node.name] = (_Val(dst, v.channels_last, v.spatial),)
-
-    def layer_norm(self, node) -> None:
-        x, shape, w, b, eps = node.args
-        v = self.val(node, x)
-        if not v.channels_last or list(shape) != [self.width(v)]:
-            raise _unsupported(node, "layer norm over more than the neuron axis", f"normalized_shape={list(shape)}")
-        src = self.source(node, v)
-        dst = self._norm_target(node, v, "layer norm")
-        self.add_op(node, kind="layer_norm", relation="norm", **src, dst_layer=dst,
-                    weight_key=self.key(w), bias_key=self.key(b), eps=float(eps), kernel=[1, 1])
-        self.vals[node.name] = (_Val(dst, v.channels_last, v.spatial),)
 
     def activation(self, node) -> None:
         x = node.args[0]

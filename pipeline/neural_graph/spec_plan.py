@@ -116,8 +116,6 @@ class _SpecPlanner(*SPEC_MIXINS):
     def module(self, mod: nn.Module, path: str, v: _Val, x: torch.Tensor, y: torch.Tensor) -> _Val:
         if isinstance(mod, (nn.Identity, nn.Dropout)):
             return v
-        if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
-            return self.batch_norm(mod, path, v)
         if type(mod) in _ACTIVATION_NAMES:
             return self.activation(mod, v)
         if isinstance(mod, (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)):
@@ -132,16 +130,6 @@ class _SpecPlanner(*SPEC_MIXINS):
         raise _NotCovered(type(mod).__name__)
 
     # ------------------------------------------------------------------ one rule per module kind
-    def batch_norm(self, mod, path: str, v: _Val) -> _Val:
-        if v.folded is not None or not mod.track_running_stats or not mod.affine:
-            raise _NotCovered("batch norm variant")
-        dst = self.new_layer(self.layers[v.layer].size, "norm")
-        self.add_op(path, kind="batch_norm", relation="norm", src_layer=v.layer, dst_layer=dst,
-                    weight_key=f"{path}.weight", bias_key=f"{path}.bias", mean_key=f"{path}.running_mean",
-                    var_key=f"{path}.running_var", nbt_key=f"{path}.num_batches_tracked", eps=float(mod.eps),
-                    momentum=float(mod.momentum), kernel=[1, 1])
-        return _Val(dst, v.channels_last, v.spatial)
-
     def activation(self, mod, v: _Val) -> _Val:
         name = _ACTIVATION_NAMES[type(mod)]
         if name == "leaky_relu" and mod.negative_slope != 0.01:

@@ -6,9 +6,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 from pipeline.neural_graph.concat import source_layers
 from pipeline.neural_graph.ops.base import ChannelParams, OpKind, as_numpy, register
+
+aten = torch.ops.aten
 
 
 @dataclass(kw_only=True)
@@ -66,4 +69,56 @@ class LayerNorm(ChannelParams):
         weight[e] *= s[dst][:, None]
 
 
-register(BatchNorm, LayerNorm)
+class NormTracing:
+    """Tracer handlers for batch norm (eval) and layer norm (mixed into plan._Tracer)."""
+
+    def _norm_target(self, node, v, kind: str) -> int:
+        if v.folded is not None or v.tokens:
+            raise self.unsupported(node, f"{kind} over a flattened map")
+        return self.new_layer(self.width(v), "norm")
+
+    def batch_norm(self, node) -> None:
+        x, w, b, rm, rv, momentum, eps = node.args
+        v = self.val(node, x)
+        src = self.source(node, v)
+        dst = self._norm_target(node, v, "batch norm")
+        wkey = self.key(w)
+        prefix = (wkey or self.key(rm) or "").rsplit(".", 1)[0]
+        nbt = prefix + ".num_batches_tracked" if prefix + ".num_batches_tracked" in self.state else None
+        if nbt:
+            self.used_keys.add(nbt)
+        self.add_op(node, kind="batch_norm", relation="norm", **src, dst_layer=dst, weight_key=wkey,
+                    bias_key=self.key(b), mean_key=self.key(rm), var_key=self.key(rv), nbt_key=nbt,
+                    eps=float(eps), momentum=float(momentum), kernel=[1, 1])
+        self.vals[node.name] = (self.Val(dst, v.channels_last, v.spatial),)
+
+    def layer_norm(self, node) -> None:
+        x, shape, w, b, eps = node.args
+        v = self.val(node, x)
+        if not v.channels_last or list(shape) != [self.width(v)]:
+            raise self.unsupported(node, "layer norm over more than the neuron axis", f"normalized_shape={list(shape)}")
+        src = self.source(node, v)
+        dst = self._norm_target(node, v, "layer norm")
+        self.add_op(node, kind="layer_norm", relation="norm", **src, dst_layer=dst,
+                    weight_key=self.key(w), bias_key=self.key(b), eps=float(eps), kernel=[1, 1])
+        self.vals[node.name] = (self.Val(dst, v.channels_last, v.spatial),)
+
+
+class NormSpec:
+    """Spec-planner rule for ``nn.BatchNorm1d`` / ``nn.BatchNorm2d`` (mixed into spec_plan._SpecPlanner)."""
+
+    def batch_norm(self, mod, path: str, v, x: torch.Tensor, y: torch.Tensor):
+        if v.folded is not None or not mod.track_running_stats or not mod.affine:
+            raise self.NotCovered("batch norm variant")
+        dst = self.new_layer(self.layers[v.layer].size, "norm")
+        self.add_op(path, kind="batch_norm", relation="norm", src_layer=v.layer, dst_layer=dst,
+                    weight_key=f"{path}.weight", bias_key=f"{path}.bias", mean_key=f"{path}.running_mean",
+                    var_key=f"{path}.running_var", nbt_key=f"{path}.num_batches_tracked", eps=float(mod.eps),
+                    momentum=float(mod.momentum), kernel=[1, 1])
+        return self.Val(dst, v.channels_last, v.spatial)
+
+
+register(BatchNorm, LayerNorm, tracer=NormTracing,
+         aten={aten._native_batch_norm_legit_no_training.default: "batch_norm",
+               aten.native_layer_norm.default: "layer_norm"},
+         spec=NormSpec, modules={(nn.BatchNorm1d, nn.BatchNorm2d): "batch_norm"})
