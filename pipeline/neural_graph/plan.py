@@ -313,8 +313,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
             return
         if t in _ACTIVATION_OPS or t is aten.hardtanh.default:
             return self.activation(node)
-        if t is aten.add.Tensor:
-            return self.add(node)
         if t in _POOL_OPS:
             return self.pool(node)
         if t in _RESHAPE_OPS:
@@ -373,37 +371,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         layer.activation = name
         self.steps.append({"step": "activation", "fn": name, "layer": v.layer})
         self.vals[result.name] = v
-
-    def add(self, node) -> None:
-        a, b = node.args[:2]
-        for x, p in ((a, b), (b, a)):
-            if (isinstance(p, torch.fx.Node) and p.name in self.param_of and isinstance(x, torch.fx.Node)
-                    and isinstance(self.vals.get(x.name), _Val)):
-                v = self.vals[x.name]
-                if len(self.state[self.param_of[p.name]].shape) > 1:
-                    return self.position_add(node, v, p)
-                return self.bias_add(node, v, p)
-        if node.kwargs.get("alpha", 1) != 1 or not isinstance(b, torch.fx.Node):
-            raise _unsupported(node, "addition of a constant or a scaled tensor")
-        va, vb = self.val(node, a), self.val(node, b)
-        if (self.width(va) != self.width(vb) or va.folded or vb.folded
-                or va.channels_last != vb.channels_last or (va.layer == vb.layer and va.layer is not None)):
-            raise _unsupported(node, "addition of tensors that are not matching neuron layers")
-        # Fold the skip into an operand that nothing else reads and whose activation is not yet applied.
-        for target, other, fx in ((va, vb, a), (vb, va, b)):
-            if target.layer is None:
-                continue
-            layer = self.layers[target.layer]
-            if target.layer != 0 and layer.activation == "identity" and len(fx.users) == 1 and layer.kind != "input":
-                self.add_op(node, kind="residual", relation="residual", **self.source(node, other),
-                            dst_layer=target.layer, kernel=[1, 1])
-                self.vals[node.name] = target
-                return
-        srcs = [self.source(node, v) for v in (va, vb)]
-        dst = self.new_layer(self.width(va), "add")
-        for src in srcs:
-            self.add_op(node, kind="residual", relation="residual", **src, dst_layer=dst, kernel=[1, 1])
-        self.vals[node.name] = _Val(dst, va.channels_last, va.spatial)
 
     def pool(self, node) -> None:
         v = self.val(node, node.args[0])

@@ -122,8 +122,6 @@ class _SpecPlanner(*SPEC_MIXINS):
             return self.pool(mod, v, y)
         if isinstance(mod, nn.Flatten):
             return self.flatten(v, y)
-        if isinstance(mod, Residual):
-            return self.residual(mod, path, v, x)
         for types, handler in SPEC_HANDLERS:
             if isinstance(mod, types):
                 return getattr(self, handler)(mod, path, v, x, y)
@@ -166,26 +164,6 @@ class _SpecPlanner(*SPEC_MIXINS):
         per = math.prod(v.spatial)
         self.steps.append({"step": "reshape", "layer": v.layer, "out": [int(y.shape[1])]})
         return _Val(v.layer, True, (), folded=None if per == 1 else tuple(v.spatial))
-
-    def residual(self, mod: Residual, path: str, v: _Val, x: torch.Tensor) -> _Val:
-        if not mod.body or isinstance(mod.body[0], (nn.Identity, nn.Dropout, Residual)):
-            raise _NotCovered("residual body that does not start with an operation")
-        # x is read by the body and by the sum: an activation right on it is not representable
-        inner = _Val(v.layer, v.channels_last, v.spatial, v.folded, fresh=False)
-        body, _ = self.sequence(mod.body, f"{path}.body", inner, x)
-        if (self.layers[v.layer].size != self.layers[body.layer].size or v.folded or body.folded
-                or v.channels_last != body.channels_last or v.layer == body.layer):
-            raise _NotCovered("residual operands")
-        target = self.layers[body.layer]
-        if body.layer != 0 and target.activation == "identity" and body.fresh and target.kind != "input":
-            self.add_op(path, kind="residual", relation="residual", src_layer=v.layer, dst_layer=body.layer,
-                        kernel=[1, 1])
-            return _Val(body.layer, body.channels_last, body.spatial)
-        dst = self.new_layer(self.layers[v.layer].size, "add")
-        for src in (v, body):
-            self.add_op(path, kind="residual", relation="residual", src_layer=src.layer, dst_layer=dst, kernel=[1, 1])
-        return _Val(dst, v.channels_last, v.spatial)
-
 
 def plan_from_spec(net: SpecNet, spec: dict) -> Plan | None:
     """The plan of a spec-built network, or None where only the tracer can tell."""
