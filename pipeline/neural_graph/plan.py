@@ -145,6 +145,7 @@ CONST = "const"          # a value computed from constants only (masks, position
 
 class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, CompositeOps):
     Val = _Val
+    CONST = CONST
 
     def __init__(self, exported, constant_keys: frozenset = frozenset()):
         self.ep = exported
@@ -317,8 +318,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
             return self.pool(node)
         if t in _RESHAPE_OPS:
             return self.reshape(node)
-        if t is aten.embedding.default:
-            return self.embedding(node)
         if t is aten.cat.default:
             return self.cat(node)
         if t in SPLIT_OPS:
@@ -414,20 +413,6 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
             raise _unsupported(node, "reshape that mixes neurons", f"to {list(out)}")
         self.steps.append({"step": "reshape", "layer": self.layers_of(v)[0], "out": list(out[1:])})
         self.vals[node.name] = new
-
-    def embedding(self, node) -> None:
-        w, idx = node.args[:2]
-        v = self.vals.get(idx.name)
-        wkey = self.key(w)
-        if not ((isinstance(v, _Val) and v.tokens) or v == CONST) or wkey is None:
-            raise _unsupported(node, "embedding of something other than the input tokens or constant ids",
-                               "positions, token types")
-        num, dim = (int(s) for s in self.state[wkey].shape)
-        src = self.new_layer(num, "input")
-        dst = self.new_layer(dim, "embedding")
-        self.add_op(node, kind="embedding", relation="embedding", src_layer=src, dst_layer=dst, weight_key=wkey,
-                    bias_key=None, weight_shape=[num, dim], kernel=[1, 1])
-        self.vals[node.name] = _Val(dst, True, tuple(_shape(node)[1:-1]))
 
     def finish(self, v: _Val) -> Plan:
         if v.layer in (None, 0) or v.folded is not None or v.nmap is not None:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.neural_graph.ops.base import DenseOp, OpKind, optional, register
+import torch
+
+from pipeline.neural_graph.ops.base import DenseOp, OpKind, node_shape, optional, register
+
+aten = torch.ops.aten
 
 
 @dataclass(kw_only=True)
@@ -30,4 +34,22 @@ class Embedding(EmbeddingTable):
     kind = OpKind.EMBEDDING
 
 
-register(Embedding)
+class EmbeddingTracing:
+    """Tracer handler for ``aten.embedding`` (mixed into plan._Tracer)."""
+
+    def embedding(self, node) -> None:
+        w, idx = node.args[:2]
+        v = self.vals.get(idx.name)
+        wkey = self.key(w)
+        if not ((isinstance(v, self.Val) and v.tokens) or v == self.CONST) or wkey is None:
+            raise self.unsupported(node, "embedding of something other than the input tokens or constant ids",
+                               "positions, token types")
+        num, dim = (int(s) for s in self.state[wkey].shape)
+        src = self.new_layer(num, "input")
+        dst = self.new_layer(dim, "embedding")
+        self.add_op(node, kind="embedding", relation="embedding", src_layer=src, dst_layer=dst, weight_key=wkey,
+                    bias_key=None, weight_shape=[num, dim], kernel=[1, 1])
+        self.vals[node.name] = self.Val(dst, True, tuple(node_shape(node)[1:-1]))
+
+
+register(Embedding, tracer=EmbeddingTracing, aten={aten.embedding.default: "embedding"})
