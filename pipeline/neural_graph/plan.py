@@ -1,5 +1,9 @@
 """Trace a network once into a *plan*: its neuron layers and the operations between them.
 
+Each operation kind reads itself from the trace (``pipeline.neural_graph.ops``: the tracer is
+built from the kinds' registered mixins and dispatches on the ATen op); this module walks the
+graph and keeps what is not an operation: inputs, activations, pooling and reshape steps.
+
 The plan is architecture only (no weight values): which state-dict entry feeds which block of
 edges, with shapes and hyper-parameters. Every checkpoint of one architecture shares one plan, so
 converting a zoo traces each architecture once and then only does tensor work per checkpoint.
