@@ -36,6 +36,7 @@ class OpKind(StrEnum):
     POSITION = "position"
     GATE = "gate"
     SCALE = "scale"
+    GROUP_NORM = "group_norm"
 
 
 def optional(default=None):
