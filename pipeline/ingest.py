@@ -34,7 +34,7 @@ from graphstore.column_types import established_types
 from graphstore.schema import ARCHITECTURES, INGEST_ERRORS, LAYERS, MODEL_CORE
 from pipeline import checkpoints
 from pipeline.graph_codec import graph_tables
-from pipeline.neural_graph.concat import in_size, source_layers
+from pipeline.neural_graph.concat import in_size
 from pipeline.neural_graph.convert import PlanCache, convert_checkpoint
 from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan
@@ -181,17 +181,8 @@ def summarize_plan(plan: Plan) -> str:
     parts = []
     sizes = [layer.size for layer in plan.layers]
     for op in plan.ops:
-        dst = plan.layers[op["dst_layer"]]
-        act = "" if dst.activation == "identity" else f" {dst.activation}"
-        src = "+".join(str(s) for s in source_layers(op))           # several: reads a concatenation
-        if op["kind"] in ("conv", "linear"):
-            k = f" {op['kernel'][0]}x{op['kernel'][1]}" if op["relation"] == "conv" else ""
-            g = f" g{op['groups']}" if op.get("groups", 1) > 1 else ""
-            parts.append(f"{op['kind']}({in_size(op, sizes)}->{dst.size}{k}{g}){act}")
-        elif op["kind"] in ("residual", "gate"):
-            parts.append(f"{op['kind']}({src}->{op['dst_layer']}){act}")
-        else:
-            parts.append(f"{op['kind']}({dst.size}){act}")
+        act = plan.layers[op.dst_layer].activation
+        parts.append(op.describe(sizes) + ("" if act == "identity" else f" {act}"))
     return " | ".join(parts)
 
 

@@ -12,39 +12,11 @@ import torch
 
 from pipeline.neural_graph.concat import source_nodes
 from pipeline.neural_graph.graph import NeuralGraph
+from pipeline.neural_graph.ops import Op
+from pipeline.neural_graph.ops.base import as_numpy
 from pipeline.neural_graph.plan import Plan
-from pipeline.neural_graph.vocabulary import DIAGONAL_RELATIONS, NODE_TYPES, RELATIONS
-from zoocore.errors import GraphValidationError, SpecError
-
-
-def _as_numpy(t) -> np.ndarray:
-    if isinstance(t, torch.Tensor):
-        t = t.detach().cpu()
-        if t.dtype != torch.float32 and t.is_floating_point():
-            raise SpecError(f"only float32 weights are supported, found {t.dtype}")
-        return t.numpy()
-    return np.asarray(t)
-
-
-def _frame(kernel: tuple[int, int], frame: tuple[int, int]) -> tuple[int, int]:
-    """Top-left offset that centres a kh x kw kernel in the Kh x Kw frame."""
-    return (frame[0] - kernel[0]) // 2, (frame[1] - kernel[1]) // 2
-
-
-def _dense_blocks(op: dict, state: Mapping, src_size: int):
-    """Weight of a linear/conv/embedding op as (Cout, Cin_per_group, kh, kw) and its group count."""
-    w = _as_numpy(state[op["weight_key"]])
-    if op.get("transposed"):                # GPT-2's Conv1D keeps its weight as (in, out)
-        w = w.T
-    if "rows" in op:                        # q / k / v: row blocks of one in-projection tensor
-        w = w[op["rows"][0]:op["rows"][1]]
-    kh, kw = op["kernel"]
-    if op["relation"] == "embedding":               # dst = embedding dim, src = token / position / class neuron
-        w = w.reshape(op["weight_shape"])
-        return w.T.reshape(w.shape[1], w.shape[0], 1, 1), 1
-    if op["kind"] == "linear":
-        return w.reshape(w.shape[0], src_size, kh, kw), 1
-    return w.reshape(w.shape[0], w.shape[1], kh, kw), op["groups"]
+from pipeline.neural_graph.vocabulary import NODE_TYPES, RELATIONS
+from zoocore.errors import SpecError
 
 
 def graph_nodes(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGraph:
@@ -67,17 +39,12 @@ def graph_nodes(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGraph:
     extra = np.full((n, 2), np.nan, dtype=np.float32)
     Kh, Kw = plan.kernel_shape
     for op in plan.ops:
-        do = offsets[op["dst_layer"]]
-        if op.get("bias_key"):
-            b = _as_numpy(state[op["bias_key"]])
-            if "rows" in op:
-                b = b[op["rows"][0]:op["rows"][1]]
+        do = offsets[op.dst_layer]
+        b = op.bias_values(state)
+        if b is not None:
             bias[do:do + b.shape[0]] = b
-        if op["kind"] == "batch_norm":
-            c = sizes[op["dst_layer"]]
-            extra[do:do + c, 0] = _as_numpy(state[op["mean_key"]])
-            extra[do:do + c, 1] = _as_numpy(state[op["var_key"]])
-    buffers = {k: int(_as_numpy(state[k])) for k in plan.buffer_keys}
+        op.node_stats(state, extra, do, sizes[op.dst_layer])
+    buffers = {k: int(as_numpy(state[k])) for k in plan.buffer_keys}
     empty = np.zeros(0, np.int64)
     return NeuralGraph(
         node_type=node_type, node_layer=node_layer, node_position=node_position, bias=bias, extra=extra,
@@ -93,32 +60,11 @@ def op_edges(plan: Plan, state: Mapping[str, torch.Tensor], i: int):
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     Kh, Kw = plan.kernel_shape
     op = plan.ops[i]
-    do = offsets[op["dst_layer"]]
+    do = offsets[op.dst_layer]
     inputs = source_nodes(op, offsets, sizes)
-    kh, kw = op["kernel"]
-    top, left = _frame((kh, kw), (Kh, Kw))
-    if op["relation"] in DIAGONAL_RELATIONS:
-        c = sizes[op["dst_layer"]]
-        if inputs.shape[0] != c:
-            raise SpecError(f"op {i} ({op['kind']}) joins {inputs.shape[0]} neurons to {c}")
-        src, dst = inputs, do + np.arange(c)
-        vals = np.ones(c, np.float32) if op.get("weight_key") is None else \
-            _as_numpy(state[op["weight_key"]]).reshape(c)
-        w = np.zeros((c, Kh, Kw), np.float32)
-        w[:, top, left] = vals
-        w = w.reshape(c, Kh * Kw)
-    else:
-        blocks, groups = _dense_blocks(op, state, int(inputs.shape[0]))
-        cout, cin_g = blocks.shape[:2]
-        o = np.arange(cout)[:, None]
-        j = np.arange(cin_g)[None, :]
-        src = inputs[((o // (cout // groups)) * cin_g + j).reshape(-1)]
-        dst = np.broadcast_to(do + o, (cout, cin_g)).reshape(-1)
-        w = np.zeros((cout, cin_g, Kh, Kw), np.float32)
-        w[:, :, top:top + kh, left:left + kw] = blocks
-        w = w.reshape(cout * cin_g, Kh * Kw)
+    src, dst, w = op.edges(inputs, state, do, int(sizes[op.dst_layer]), (Kh, Kw), i)
     return (src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False),
-            np.full(src.shape[0], RELATIONS.index(op["relation"]), np.int8), np.full(src.shape[0], i, np.int32), w)
+            np.full(src.shape[0], RELATIONS.index(op.relation), np.int8), np.full(src.shape[0], i, np.int32), w)
 
 
 def graph_from_plan(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGraph:
@@ -143,19 +89,17 @@ def graph_from_plan(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGrap
         parts = op_edges(plan, state, i)
         k = parts[0].shape[0]
         if k != counts[i]:
-            raise SpecError(f"op {i} ({plan.ops[i]['kind']}) makes {k} edges, expected {counts[i]}")
+            raise SpecError(f"op {i} ({plan.ops[i].kind.value}) makes {k} edges, expected {counts[i]}")
         for name, arr in zip(("src", "dst", "relation", "edge_op", "weight"), parts):
             getattr(graph, name)[at:at + k] = arr
         at += k
     return graph.validate()
 
 
-def expected_edges(plan: Plan, op: dict) -> int:
+def expected_edges(plan: Plan, op: Op) -> int:
     """Number of edges an operation makes: one per destination neuron for a diagonal relation,
     one per (output, input-per-group) pair of its weight otherwise."""
-    if op["relation"] in DIAGONAL_RELATIONS:
-        return int(plan.layers[op["dst_layer"]].size)
-    return int(np.prod(op["weight_shape"])) // (op["kernel"][0] * op["kernel"][1])
+    return op.expected_edges([layer.size for layer in plan.layers])
 
 
 def state_dict_from_graph(graph: NeuralGraph) -> dict[str, torch.Tensor]:
@@ -173,57 +117,11 @@ def state_dict_from_graph(graph: NeuralGraph) -> dict[str, torch.Tensor]:
     local = np.full(graph.num_nodes, -1, np.int64)      # node -> index among the current op's inputs
     for i, op in enumerate(graph.ops):
         e = order[starts[i]:starts[i + 1]]
-        do = offsets[op["dst_layer"]]
-        kh, kw = op["kernel"]
-        top, left = _frame((kh, kw), (Kh, Kw))
+        do = offsets[op.dst_layer]
         w = graph.weight[e].reshape(-1, Kh, Kw)
         dst = graph.dst[e] - do
-        c = int(sizes[op["dst_layer"]])
-        if op["relation"] in DIAGONAL_RELATIONS:
-            if op["relation"] == "norm" and op.get("weight_key"):
-                gamma = np.zeros(c, np.float32)
-                gamma[dst] = w[:, top, left]
-                out[op["weight_key"]] = torch.from_numpy(gamma.reshape(op.get("param_shape", [c])))
-            if op["kind"] == "batch_norm":
-                out[op["mean_key"]] = torch.from_numpy(graph.extra[do:do + c, 0].copy())
-                out[op["var_key"]] = torch.from_numpy(graph.extra[do:do + c, 1].copy())
-                if op.get("nbt_key"):
-                    out[op["nbt_key"]] = torch.tensor(graph.buffers[op["nbt_key"]], dtype=torch.int64)
-        else:
-            inputs = source_nodes(op, offsets, sizes)
-            local[inputs] = np.arange(inputs.shape[0])
-            src = local[graph.src[e]]
-            local[inputs] = -1
-            if e.shape[0] and src.min() < 0:
-                raise GraphValidationError(f"op {i} ({op['kind']}) has an edge from a neuron it does not read")
-            cin = int(inputs.shape[0])
-            groups = op.get("groups", 1)
-            cin_g = cin // groups
-            if e.shape[0] != c * cin_g:
-                raise GraphValidationError(f"op {i} ({op['kind']}) has {e.shape[0]} edges, expected {c * cin_g}")
-            blocks = np.zeros((c, cin_g, kh, kw), np.float32)
-            blocks[dst, src - (dst // (c // groups)) * cin_g] = w[:, top:top + kh, left:left + kw]
-            shape = op["weight_shape"]
-            if op["relation"] == "embedding":
-                weight = blocks.reshape(c, cin).T.copy().reshape(op.get("param_shape", shape))
-            else:
-                weight = blocks.reshape(shape)
-            if "rows" in op:                # one row block of a shared in-projection tensor
-                r0, r1 = op["rows"]
-                full = out.setdefault(op["weight_key"], torch.zeros(op["param_shape"]))
-                if op.get("transposed"):
-                    full[:, r0:r1] = torch.from_numpy(np.ascontiguousarray(weight.T))
-                else:
-                    full[r0:r1] = torch.from_numpy(np.ascontiguousarray(weight))
-            else:
-                weight = weight.T if op.get("transposed") else weight
-                out[op["weight_key"]] = torch.from_numpy(np.ascontiguousarray(weight))
-        if op.get("bias_key"):
-            b = torch.from_numpy(graph.bias[do:do + c].copy())
-            if "rows" in op:
-                r0, r1 = op["rows"]
-                rows = op["param_shape"][1 if op.get("transposed") else 0]
-                out.setdefault(op["bias_key"], torch.zeros(rows))[r0:r1] = b
-            else:
-                out[op["bias_key"]] = b
+        c = int(sizes[op.dst_layer])
+        inputs = None if op.diagonal else source_nodes(op, offsets, sizes)
+        op.invert(out, w, dst, c, graph=graph, e=e, do=do, inputs=inputs, local=local, frame=(Kh, Kw), i=i)
+        op.invert_bias(out, torch.from_numpy(graph.bias[do:do + c].copy()))
     return out

@@ -33,8 +33,8 @@ class NeuralGraph:
         edge_op: (E,) int32 index of the operation in `ops` that produced the edge.
         weight: (E, Kh*Kw) float32 edge features, kernels centred in a Kh x Kw frame.
         kernel_shape: (Kh, Kw), the largest kernel of the model (1, 1) for MLPs.
-        ops: one dict per operation (kind, relation, src/dst neuron layer, parameter keys,
-            shapes, hyper-parameters): what the exact inverse needs.
+        ops: one record per operation (``pipeline.neural_graph.ops``: kind, relation, src/dst
+            neuron layer, parameter keys, shapes, hyper-parameters): what the exact inverse needs.
         buffers: state-dict entries that are neither weights nor node values
             (e.g. ``num_batches_tracked``), kept so the inverse is complete.
     """

@@ -1,5 +1,9 @@
 """Trace a network once into a *plan*: its neuron layers and the operations between them.
 
+Each operation kind reads itself from the trace (``pipeline.neural_graph.ops``: the tracer is
+built from the kinds' registered mixins and dispatches on the ATen op); this module walks the
+graph and keeps what is not an operation: inputs, activations, pooling and reshape steps.
+
 The plan is architecture only (no weight values): which state-dict entry feeds which block of
 edges, with shapes and hyper-parameters. Every checkpoint of one architecture shares one plan, so
 converting a zoo traces each architecture once and then only does tensor work per checkpoint.
@@ -14,7 +18,7 @@ import json
 import math
 import operator
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -23,8 +27,10 @@ import torch
 from pipeline.neural_graph.attention_core import AttentionCoreOps, attention_cores
 from pipeline.neural_graph.composite import CompositeOps, composite_activations
 from pipeline.neural_graph.concat import SPLIT_OPS, ConcatOps, layer_map, source_of, whole_layer
-from pipeline.neural_graph.gate import GateOps
 from pipeline.neural_graph.layout import PERMUTE_OPS, RESTRIDE_OPS, SLICE_OPS, LayoutOps
+from pipeline.neural_graph.ops import TRACE_HANDLERS, TRACER_MIXINS, Op, make_op, op_from_dict
+from pipeline.neural_graph.ops.attention import attention_blocks
+from pipeline.neural_graph.ops.base import node_shape
 from pipeline.neural_graph.tokens import EXPAND_OPS, SELECT_OPS, TokenOps
 from pipeline.neural_graph.vocabulary import aten_activations
 from zoocore.errors import UnsupportedModuleError
@@ -55,7 +61,7 @@ class Plan:
     """Neuron layers, operations and non-parametric steps of one architecture."""
 
     layers: list[NeuronLayer]
-    ops: list[dict[str, Any]]
+    ops: list[Op]
     steps: list[dict[str, Any]]          # every traced step in order (pools, flattens included)
     output_layer: int
     kernel_shape: tuple[int, int]
@@ -65,13 +71,21 @@ class Plan:
     input_dtype: str = "float32"
     signature: str = field(default="")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form: operations as their kinds' dicts (``Op.to_dict``)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["layers"] = [asdict(x) for x in self.layers]
+        d["ops"] = [op.to_dict() for op in self.ops]
+        return d
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         d = json.loads(text)
         d["layers"] = [NeuronLayer(**x) for x in d["layers"]]
+        d["ops"] = [op_from_dict(x) for x in d["ops"]]
         d["kernel_shape"] = tuple(d["kernel_shape"])
         return cls(**d)
 
@@ -127,18 +141,15 @@ def _feeds_convolution(node) -> bool:
     return False
 
 
-def _shape(node) -> tuple[int, ...]:
-    val = node.meta.get("val")
-    if isinstance(val, (tuple, list)):
-        val = val[0]
-    return tuple(int(s) for s in val.shape)
+_shape = node_shape
 
 
 CONST = "const"          # a value computed from constants only (masks, position ids): no neurons
 
 
-class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, CompositeOps):
+class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, CompositeOps):
     Val = _Val
+    CONST = CONST
 
     def __init__(self, exported, constant_keys: frozenset = frozenset()):
         self.ep = exported
@@ -150,11 +161,11 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
         self.user_inputs = [s.arg.name for s in sig.input_specs if s.kind.name == "USER_INPUT"]
         self.state = exported.state_dict
         self.layers: list[NeuronLayer] = []
-        self.ops: list[dict[str, Any]] = []
+        self.ops: list[Op] = []
         self.steps: list[dict[str, Any]] = []
         self.vals: dict[str, Any] = {}
         self.used_keys: set[str] = set()
-        self.blocks = _attention_blocks(exported.graph)
+        self.blocks = attention_blocks(exported.graph, _clean_path)
         self.cores = attention_cores(exported.graph, _clean_path)
         self.composites = composite_activations(exported.graph, _clean_path)
         self.done_blocks: set[str] = set()
@@ -226,8 +237,9 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
     def add_op(self, node, **op) -> None:
         path, _ = _module_path(node)
         op.setdefault("path", path)
-        self.ops.append(op)
-        self.steps.append({"step": op["kind"], "op": len(self.ops) - 1, "dst_layer": op.get("dst_layer")})
+        rec = make_op(**op)
+        self.ops.append(rec)
+        self.steps.append({"step": rec.kind.value, "op": len(self.ops) - 1, "dst_layer": rec.dst_layer})
 
     # -------------------------------------------------------------- handlers
     def run(self) -> Plan:
@@ -289,8 +301,6 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
         if self.is_constant(node):
             self.vals[node.name] = CONST
             return
-        if t is aten._transformer_encoder_layer_fwd.default:
-            return self.encoder_layer(node)
         if t is _getitem:
             src = self.vals.get(node.args[0].name)
             if isinstance(src, tuple):
@@ -306,32 +316,18 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
         if t is aten.t.default and isinstance(node.args[0], torch.fx.Node) and node.args[0].name in self.param_of:
             self.vals[node.name] = ("param_t", node.args[0])
             return
-        if t is aten.convolution.default:
-            return self.conv(node)
-        if t in (aten.addmm.default, aten.mm.default, aten.linear.default):
-            return self.linear(node)
-        if t is aten._native_batch_norm_legit_no_training.default:
-            return self.batch_norm(node)
-        if t is aten.native_layer_norm.default:
-            return self.layer_norm(node)
         if t in _ACTIVATION_OPS or t is aten.hardtanh.default:
             return self.activation(node)
-        if t is aten.add.Tensor:
-            return self.add(node)
         if t in _POOL_OPS:
             return self.pool(node)
         if t in _RESHAPE_OPS:
             return self.reshape(node)
-        if t is aten.embedding.default:
-            return self.embedding(node)
         if t is aten.cat.default:
             return self.cat(node)
         if t in SPLIT_OPS:
             return self.split(node)
         if t is aten.transpose.int:
             return self.transpose(node)
-        if t is aten.mul.Tensor:
-            return self.mul(node)
         if t in PERMUTE_OPS:
             return self.permute(node)
         if t in RESTRIDE_OPS:
@@ -342,107 +338,10 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
             return self.expand(node)
         if t in SELECT_OPS:
             return self.select(node)
+        handler = TRACE_HANDLERS.get(t)
+        if handler is not None:
+            return getattr(self, handler)(node)
         raise _unsupported(node, "not covered by the neural-graph converter")
-
-    def conv(self, node) -> None:
-        x, w, b, stride, padding, dilation, transposed, _out_pad, groups = node.args
-        if transposed:
-            raise _unsupported(node, "transposed convolution")
-        v = self.val(node, x)
-        wkey = self.key(w)
-        if wkey is None:
-            raise _unsupported(node, "convolution whose weight is not a parameter")
-        wshape = list(self.state[wkey].shape)
-        cout, cin_g = wshape[0], wshape[1]
-        kernel = wshape[2:]
-        kh, kw = (1, kernel[0]) if len(kernel) == 1 else (kernel[0], kernel[1])
-        if cin_g * groups != self.width(v) or v.folded is not None:
-            raise _unsupported(node, "convolution whose input channels do not match the neurons")
-        src = self.source(node, v)
-        dst = self.new_layer(cout, "conv")
-        self.add_op(node, kind="conv", relation="conv", **src, dst_layer=dst, weight_key=wkey,
-                    bias_key=self.key(b), weight_shape=wshape, kernel=[kh, kw], groups=int(groups),
-                    stride=list(stride), padding=list(padding), dilation=list(dilation))
-        self.vals[node.name] = _Val(dst, False, _shape(node)[2:])
-
-    def linear(self, node) -> None:
-        if node.target is aten.addmm.default:
-            b, x, wt = node.args[:3]
-            if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
-                raise _unsupported(node, "scaled addmm")
-        elif node.target is aten.mm.default:
-            x, wt = node.args
-            b = None
-        else:
-            x, w, b = (list(node.args) + [None])[:3]
-            wt = ("direct", w)
-        ref = self.vals.get(wt.name) if isinstance(wt, torch.fx.Node) else wt
-        if isinstance(wt, torch.fx.Node) and wt.name in self.param_of:
-            ref = ("in_out", wt)                # x @ W with W stored (in, out): GPT-2's Conv1D
-        if not (isinstance(ref, tuple) and ref[0] in ("param_t", "direct", "in_out")):
-            raise _unsupported(node, "matrix product with a non-parameter operand")
-        wkey = self.key(ref[1])
-        bkey = self.key(b)
-        if wkey is None:
-            raise _unsupported(node, "linear layer whose weight is not a parameter")
-        v = self.val(node, x)
-        out_f, in_f = (int(s) for s in self.state[wkey].shape)
-        transposed = ref[0] == "in_out"
-        if transposed:
-            out_f, in_f = in_f, out_f
-        size = self.width(v)
-        if v.folded is not None and v.nmap is not None:
-            raise _unsupported(node, "linear layer on a flattened map of concatenated channels")
-        if v.folded is not None:
-            fold = v.folded
-            if transposed:
-                raise _unsupported(node, "(in, out) weight on a flattened map")
-            if size * math.prod(fold) != in_f:
-                raise _unsupported(node, "linear layer whose inputs do not match the flattened map")
-            kh, kw = (1, fold[0]) if len(fold) == 1 else (fold[0], fold[1]) if len(fold) == 2 else (1, 1)
-            relation = "conv"   # a linear layer after pooling + flatten is a (kh x kw) "valid" conv
-        else:
-            if size != in_f:
-                raise _unsupported(node, "linear layer whose inputs do not match the neurons",
-                                   f"{in_f} inputs, {size} neurons")
-            kh, kw, relation = 1, 1, "linear"
-        src = self.source(node, v)
-        dst = self.new_layer(out_f, "linear")
-        self.add_op(node, kind="linear", relation=relation, **src, dst_layer=dst, weight_key=wkey,
-                    bias_key=bkey, weight_shape=[out_f, in_f], kernel=[kh, kw], groups=1,
-                    **({"transposed": True} if transposed else {}))
-        self.vals[node.name] = _Val(dst, True, v.spatial if v.channels_last else ())
-
-    def _norm_target(self, node, v: _Val, kind: str) -> int:
-        if v.folded is not None or v.tokens:
-            raise _unsupported(node, f"{kind} over a flattened map")
-        return self.new_layer(self.width(v), "norm")
-
-    def batch_norm(self, node) -> None:
-        x, w, b, rm, rv, momentum, eps = node.args
-        v = self.val(node, x)
-        src = self.source(node, v)
-        dst = self._norm_target(node, v, "batch norm")
-        wkey = self.key(w)
-        prefix = (wkey or self.key(rm) or "").rsplit(".", 1)[0]
-        nbt = prefix + ".num_batches_tracked" if prefix + ".num_batches_tracked" in self.state else None
-        if nbt:
-            self.used_keys.add(nbt)
-        self.add_op(node, kind="batch_norm", relation="norm", **src, dst_layer=dst, weight_key=wkey,
-                    bias_key=self.key(b), mean_key=self.key(rm), var_key=self.key(rv), nbt_key=nbt,
-                    eps=float(eps), momentum=float(momentum), kernel=[1, 1])
-        self.vals[node.name] = (_Val(dst, v.channels_last, v.spatial),)
-
-    def layer_norm(self, node) -> None:
-        x, shape, w, b, eps = node.args
-        v = self.val(node, x)
-        if not v.channels_last or list(shape) != [self.width(v)]:
-            raise _unsupported(node, "layer norm over more than the neuron axis", f"normalized_shape={list(shape)}")
-        src = self.source(node, v)
-        dst = self._norm_target(node, v, "layer norm")
-        self.add_op(node, kind="layer_norm", relation="norm", **src, dst_layer=dst,
-                    weight_key=self.key(w), bias_key=self.key(b), eps=float(eps), kernel=[1, 1])
-        self.vals[node.name] = (_Val(dst, v.channels_last, v.spatial),)
 
     def activation(self, node) -> None:
         x = node.args[0]
@@ -475,130 +374,6 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
         layer.activation = name
         self.steps.append({"step": "activation", "fn": name, "layer": v.layer})
         self.vals[result.name] = v
-
-    def add(self, node) -> None:
-        a, b = node.args[:2]
-        for x, p in ((a, b), (b, a)):
-            if (isinstance(p, torch.fx.Node) and p.name in self.param_of and isinstance(x, torch.fx.Node)
-                    and isinstance(self.vals.get(x.name), _Val)):
-                v = self.vals[x.name]
-                if len(self.state[self.param_of[p.name]].shape) > 1:
-                    return self.position_add(node, v, p)
-                return self.bias_add(node, v, p)
-        if node.kwargs.get("alpha", 1) != 1 or not isinstance(b, torch.fx.Node):
-            raise _unsupported(node, "addition of a constant or a scaled tensor")
-        va, vb = self.val(node, a), self.val(node, b)
-        if (self.width(va) != self.width(vb) or va.folded or vb.folded
-                or va.channels_last != vb.channels_last or (va.layer == vb.layer and va.layer is not None)):
-            raise _unsupported(node, "addition of tensors that are not matching neuron layers")
-        # Fold the skip into an operand that nothing else reads and whose activation is not yet applied.
-        for target, other, fx in ((va, vb, a), (vb, va, b)):
-            if target.layer is None:
-                continue
-            layer = self.layers[target.layer]
-            if target.layer != 0 and layer.activation == "identity" and len(fx.users) == 1 and layer.kind != "input":
-                self.add_op(node, kind="residual", relation="residual", **self.source(node, other),
-                            dst_layer=target.layer, kernel=[1, 1])
-                self.vals[node.name] = target
-                return
-        srcs = [self.source(node, v) for v in (va, vb)]
-        dst = self.new_layer(self.width(va), "add")
-        for src in srcs:
-            self.add_op(node, kind="residual", relation="residual", **src, dst_layer=dst, kernel=[1, 1])
-        self.vals[node.name] = _Val(dst, va.channels_last, va.spatial)
-
-    def bias_add(self, node, v: _Val, b) -> None:
-        """``mm`` then ``+ bias``: how a linear layer on 3-d input exports; fold the bias into it."""
-        key = self.key(b)
-        op = self.ops[-1] if self.ops else None
-        if (op is None or v.layer is None or op["dst_layer"] != v.layer or op.get("bias_key") is not None or op["kind"] != "linear"
-                or tuple(self.state[key].shape) != (self.layers[v.layer].size,)):
-            raise _unsupported(node, "addition of a parameter that is not the bias of the layer before it")
-        op["bias_key"] = key
-        self.vals[node.name] = v
-
-    def _attention(self, node, v: _Val, embed: int, in_w: str, in_b: str | None, out_w: str,
-                   out_b: str | None, heads: int) -> _Val:
-        """Q, K, V neuron layers from the input and an O layer from V: four typed edge blocks."""
-        if v.layer is None or not v.channels_last or self.layers[v.layer].size != embed:
-            raise _unsupported(node, "attention whose input is not a layer of embed_dim neurons")
-        qkv = []
-        for i, rel in enumerate(("attn_q", "attn_k", "attn_v")):
-            dst = self.new_layer(embed, "attention")
-            self.add_op(node, kind="linear", relation=rel, src_layer=v.layer, dst_layer=dst, weight_key=in_w,
-                        bias_key=in_b, rows=[i * embed, (i + 1) * embed], param_shape=[3 * embed, embed],
-                        weight_shape=[embed, embed], kernel=[1, 1], groups=1, heads=heads)
-            qkv.append(dst)
-        out = self.new_layer(embed, "attention_out")
-        self.add_op(node, kind="linear", relation="attn_o", src_layer=qkv[2], dst_layer=out, weight_key=out_w,
-                    bias_key=out_b, weight_shape=[embed, embed], kernel=[1, 1], groups=1, heads=heads)
-        for k in (in_w, in_b, out_w, out_b):
-            if k:
-                self.used_keys.add(k)
-        return _Val(out, True, v.spatial)
-
-    def attention_block(self, node, block: "_Block") -> None:
-        """An nn.MultiheadAttention traced into many ATen ops: handled as one block."""
-        inputs = {a.name for n in block.nodes for a in n.all_input_nodes
-                  if a.name not in block.names and a.name not in self.param_of}
-        neuron_vals = [self.vals[i] for i in inputs if isinstance(self.vals.get(i), _Val)]
-        if len(inputs) != 1 or len(neuron_vals) != 1:
-            raise _unsupported(node, "attention other than self-attention on one input")
-        p = block.path + "."
-        keys = {k: p + k for k in ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")}
-        if keys["in_proj_weight"] not in self.state:
-            raise _unsupported(node, "attention with separate q/k/v projection weights")
-        embed = int(self.state[keys["out_proj.weight"]].shape[0])
-        out = self._attention(node, neuron_vals[0], embed, keys["in_proj_weight"],
-                              keys["in_proj_bias"] if keys["in_proj_bias"] in self.state else None,
-                              keys["out_proj.weight"],
-                              keys["out_proj.bias"] if keys["out_proj.bias"] in self.state else None,
-                              _heads(block, embed))
-        for n in block.outputs:
-            self.vals[n.name] = out
-
-    def encoder_layer(self, node) -> None:
-        """``TransformerEncoderLayer``'s fused fast path, decomposed into its parts."""
-        (src, embed, heads, qkv_w, qkv_b, proj_w, proj_b, use_gelu, norm_first, eps,
-         n1w, n1b, n2w, n2b, f1w, f1b, f2w, f2b) = node.args[:18]
-        if len(node.args) > 18 and node.args[18] is not None:
-            raise _unsupported(node, "encoder layer with an attention mask")
-        x = self.val(node, src)
-        if x.layer is None:
-            raise _unsupported(node, "encoder layer on concatenated neurons")
-        k = self.key
-        act = "gelu" if use_gelu else "relu"
-
-        def norm(v, w, b):
-            dst = self.new_layer(self.layers[v.layer].size, "norm")
-            self.add_op(node, kind="layer_norm", relation="norm", src_layer=v.layer, dst_layer=dst,
-                        weight_key=k(w), bias_key=k(b), eps=float(eps), kernel=[1, 1])
-            return _Val(dst, True, v.spatial)
-
-        def linear(v, w, b, activation="identity"):
-            wk = k(w)
-            out_f, in_f = (int(s) for s in self.state[wk].shape)
-            dst = self.new_layer(out_f, "linear")
-            self.add_op(node, kind="linear", relation="linear", src_layer=v.layer, dst_layer=dst, weight_key=wk,
-                        bias_key=k(b), weight_shape=[out_f, in_f], kernel=[1, 1], groups=1)
-            self.layers[dst].activation = activation
-            return _Val(dst, True, v.spatial)
-
-        def residual(skip, target):
-            self.add_op(node, kind="residual", relation="residual", src_layer=skip.layer, dst_layer=target.layer,
-                        kernel=[1, 1])
-            return target
-
-        def attention(v):
-            return self._attention(node, v, int(embed), k(qkv_w), k(qkv_b), k(proj_w), k(proj_b), int(heads))
-
-        if norm_first:
-            h = residual(x, attention(norm(x, n1w, n1b)))
-            out = residual(h, linear(linear(norm(h, n2w, n2b), f1w, f1b, act), f2w, f2b))
-        else:
-            h = norm(residual(x, attention(x)), n1w, n1b)
-            out = norm(residual(h, linear(linear(h, f1w, f1b, act), f2w, f2b)), n2w, n2b)
-        self.vals[node.name] = out
 
     def pool(self, node) -> None:
         v = self.val(node, node.args[0])
@@ -643,20 +418,6 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
         self.steps.append({"step": "reshape", "layer": self.layers_of(v)[0], "out": list(out[1:])})
         self.vals[node.name] = new
 
-    def embedding(self, node) -> None:
-        w, idx = node.args[:2]
-        v = self.vals.get(idx.name)
-        wkey = self.key(w)
-        if not ((isinstance(v, _Val) and v.tokens) or v == CONST) or wkey is None:
-            raise _unsupported(node, "embedding of something other than the input tokens or constant ids",
-                               "positions, token types")
-        num, dim = (int(s) for s in self.state[wkey].shape)
-        src = self.new_layer(num, "input")
-        dst = self.new_layer(dim, "embedding")
-        self.add_op(node, kind="embedding", relation="embedding", src_layer=src, dst_layer=dst, weight_key=wkey,
-                    bias_key=None, weight_shape=[num, dim], kernel=[1, 1])
-        self.vals[node.name] = _Val(dst, True, tuple(_shape(node)[1:-1]))
-
     def finish(self, v: _Val) -> Plan:
         if v.layer in (None, 0) or v.folded is not None or v.nmap is not None:
             raise UnsupportedModuleError("", "a network whose output is not a neuron layer")
@@ -675,50 +436,11 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
         return plan
 
 
-@dataclass
-class _Block:
-    path: str
-    heads: int
-    nodes: list
-    names: set
-    outputs: list
-
-
-def _attention_blocks(graph) -> dict[str, _Block]:
-    """Nodes that belong to an nn.MultiheadAttention call, by node name."""
-    blocks: dict[str, _Block] = {}
-    by_path: dict[str, _Block] = {}
-    for node in graph.nodes:
-        if node.op != "call_function":
-            continue
-        for key, (raw, typ) in (node.meta.get("nn_module_stack") or {}).items():
-            if isinstance(typ, type) and issubclass(typ, torch.nn.MultiheadAttention):
-                path = _clean_path(raw)
-                blk = by_path.setdefault(path, _Block(path, 0, [], set(), []))
-                blk.nodes.append(node)
-                blk.names.add(node.name)
-                blocks[node.name] = blk
-                break
-    for blk in by_path.values():
-        blk.outputs = [n for n in blk.nodes if any(u.name not in blk.names for u in n.users)]
-    return blocks
-
-
-def _heads(block: _Block, embed: int) -> int:
-    """Heads of an attention block, read from the q/k/v reshape to (L, B * heads, head_dim)."""
-    for n in block.nodes:
-        if n.target is aten.div.Tensor:          # q / sqrt(head_dim) once per call
-            shape = _shape(n)
-            if len(shape) == 3 and 0 < shape[-1] < embed and embed % shape[-1] == 0:
-                return embed // shape[-1]
-    return 1
-
-
 def architecture_signature(plan: Plan) -> str:
     """A structural hash: layer kinds, sizes, activations, operation shapes and wiring, and
     non-parametric steps; parameter names are left out (two spellings of one network agree)."""
     drop = {"path", "weight_key", "bias_key", "mean_key", "var_key", "nbt_key"}
-    ops = [{k: v for k, v in op.items() if k not in drop} | {"has_bias": op.get("bias_key") is not None}
+    ops = [{k: v for k, v in op.to_dict().items() if k not in drop} | {"has_bias": op.get("bias_key") is not None}
            for op in plan.ops]
     body = {"layers": [asdict(x) for x in plan.layers], "ops": ops, "steps": plan.steps,
             "output": plan.output_layer, "input": plan.input_shape}

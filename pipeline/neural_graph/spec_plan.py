@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.neural_graph.ops import SPEC_HANDLERS, SPEC_MIXINS, Op, make_op
 from pipeline.neural_graph.plan import NeuronLayer, Plan, architecture_signature
 from pipeline.neural_graph.vocabulary import VOCABULARY
 from pipeline.spec import Residual, SpecNet, example_input
@@ -42,11 +43,14 @@ class _Val:
     fresh: bool = True          # produced by an operation read by exactly one consumer so far
 
 
-class _SpecPlanner:
+class _SpecPlanner(*SPEC_MIXINS):
+    NotCovered = _NotCovered
+    Val = _Val
+
     def __init__(self, net: SpecNet, example: torch.Tensor):
         self.net = net
         self.layers: list[NeuronLayer] = []
-        self.ops: list[dict[str, Any]] = []
+        self.ops: list[Op] = []
         self.steps: list[dict[str, Any]] = []
         self.state = net.state_dict()
         self.example = example
@@ -57,8 +61,9 @@ class _SpecPlanner:
 
     def add_op(self, path: str, **op) -> None:
         op["path"] = path
-        self.ops.append(op)
-        self.steps.append({"step": op["kind"], "op": len(self.ops) - 1, "dst_layer": op.get("dst_layer")})
+        rec = make_op(**op)
+        self.ops.append(rec)
+        self.steps.append({"step": rec.kind.value, "op": len(self.ops) - 1, "dst_layer": rec.dst_layer})
 
     def key(self, path: str, name: str) -> str | None:
         k = f"{path}.{name}"
@@ -111,69 +116,18 @@ class _SpecPlanner:
     def module(self, mod: nn.Module, path: str, v: _Val, x: torch.Tensor, y: torch.Tensor) -> _Val:
         if isinstance(mod, (nn.Identity, nn.Dropout)):
             return v
-        if isinstance(mod, (nn.Conv1d, nn.Conv2d)):
-            return self.conv(mod, path, v, y)
-        if isinstance(mod, nn.Linear):
-            return self.linear(mod, path, v)
-        if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
-            return self.batch_norm(mod, path, v)
         if type(mod) in _ACTIVATION_NAMES:
             return self.activation(mod, v)
         if isinstance(mod, (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)):
             return self.pool(mod, v, y)
         if isinstance(mod, nn.Flatten):
             return self.flatten(v, y)
-        if isinstance(mod, Residual):
-            return self.residual(mod, path, v, x)
+        for types, handler in SPEC_HANDLERS:
+            if isinstance(mod, types):
+                return getattr(self, handler)(mod, path, v, x, y)
         raise _NotCovered(type(mod).__name__)
 
     # ------------------------------------------------------------------ one rule per module kind
-    def conv(self, mod, path: str, v: _Val, y: torch.Tensor) -> _Val:
-        if v.channels_last or v.folded is not None or mod.in_channels != self.layers[v.layer].size:
-            raise _NotCovered("conv input")
-        if isinstance(mod.padding, str):     # ATen receives 'same' / 'valid' in shapes of its own
-            raise _NotCovered("string padding")
-        wshape = list(mod.weight.shape)
-        kernel = wshape[2:]
-        kh, kw = (1, kernel[0]) if len(kernel) == 1 else (kernel[0], kernel[1])
-        dst = self.new_layer(wshape[0], "conv")
-        self.add_op(path, kind="conv", relation="conv", src_layer=v.layer, dst_layer=dst,
-                    weight_key=f"{path}.weight", bias_key=self.key(path, "bias"), weight_shape=wshape,
-                    kernel=[kh, kw], groups=int(mod.groups), stride=list(mod.stride), padding=list(mod.padding),
-                    dilation=list(mod.dilation))
-        return _Val(dst, False, tuple(y.shape[2:]))
-
-    def linear(self, mod, path: str, v: _Val) -> _Val:
-        if not v.channels_last or v.spatial:
-            raise _NotCovered("linear layer on maps or tokens")
-        size = self.layers[v.layer].size
-        out_f, in_f = mod.out_features, mod.in_features
-        if v.folded is not None:
-            fold = v.folded
-            if size * math.prod(fold) != in_f or len(fold) > 2:
-                raise _NotCovered("linear input")
-            kh, kw = (1, fold[0]) if len(fold) == 1 else fold
-            relation = "conv"
-        else:
-            if size != in_f:
-                raise _NotCovered("linear input")
-            kh, kw, relation = 1, 1, "linear"
-        dst = self.new_layer(out_f, "linear")
-        self.add_op(path, kind="linear", relation=relation, src_layer=v.layer, dst_layer=dst,
-                    weight_key=f"{path}.weight", bias_key=self.key(path, "bias"), weight_shape=[out_f, in_f],
-                    kernel=[int(kh), int(kw)], groups=1)
-        return _Val(dst, True, ())
-
-    def batch_norm(self, mod, path: str, v: _Val) -> _Val:
-        if v.folded is not None or not mod.track_running_stats or not mod.affine:
-            raise _NotCovered("batch norm variant")
-        dst = self.new_layer(self.layers[v.layer].size, "norm")
-        self.add_op(path, kind="batch_norm", relation="norm", src_layer=v.layer, dst_layer=dst,
-                    weight_key=f"{path}.weight", bias_key=f"{path}.bias", mean_key=f"{path}.running_mean",
-                    var_key=f"{path}.running_var", nbt_key=f"{path}.num_batches_tracked", eps=float(mod.eps),
-                    momentum=float(mod.momentum), kernel=[1, 1])
-        return _Val(dst, v.channels_last, v.spatial)
-
     def activation(self, mod, v: _Val) -> _Val:
         name = _ACTIVATION_NAMES[type(mod)]
         if name == "leaky_relu" and mod.negative_slope != 0.01:
@@ -210,26 +164,6 @@ class _SpecPlanner:
         per = math.prod(v.spatial)
         self.steps.append({"step": "reshape", "layer": v.layer, "out": [int(y.shape[1])]})
         return _Val(v.layer, True, (), folded=None if per == 1 else tuple(v.spatial))
-
-    def residual(self, mod: Residual, path: str, v: _Val, x: torch.Tensor) -> _Val:
-        if not mod.body or isinstance(mod.body[0], (nn.Identity, nn.Dropout, Residual)):
-            raise _NotCovered("residual body that does not start with an operation")
-        # x is read by the body and by the sum: an activation right on it is not representable
-        inner = _Val(v.layer, v.channels_last, v.spatial, v.folded, fresh=False)
-        body, _ = self.sequence(mod.body, f"{path}.body", inner, x)
-        if (self.layers[v.layer].size != self.layers[body.layer].size or v.folded or body.folded
-                or v.channels_last != body.channels_last or v.layer == body.layer):
-            raise _NotCovered("residual operands")
-        target = self.layers[body.layer]
-        if body.layer != 0 and target.activation == "identity" and body.fresh and target.kind != "input":
-            self.add_op(path, kind="residual", relation="residual", src_layer=v.layer, dst_layer=body.layer,
-                        kernel=[1, 1])
-            return _Val(body.layer, body.channels_last, body.spatial)
-        dst = self.new_layer(self.layers[v.layer].size, "add")
-        for src in (v, body):
-            self.add_op(path, kind="residual", relation="residual", src_layer=src.layer, dst_layer=dst, kernel=[1, 1])
-        return _Val(dst, v.channels_last, v.spatial)
-
 
 def plan_from_spec(net: SpecNet, spec: dict) -> Plan | None:
     """The plan of a spec-built network, or None where only the tracer can tell."""

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.neural_graph.concat import source_layers
 from pipeline.neural_graph.graph import NeuralGraph
-from pipeline.neural_graph.vocabulary import DIAGONAL_RELATIONS, NODE_TYPES
+from pipeline.neural_graph.vocabulary import NODE_TYPES
 from pipeline.neural_graph.vocabulary import SCALE, SIGN, VOCABULARY
 
 
@@ -31,20 +30,12 @@ def tied_layer_classes(graph: NeuralGraph) -> tuple[list[int], set[int]]:
         return a
 
     fixed: set[int] = set()
+    sizes = graph.layer_sizes()
     for op in graph.ops:
-        s, d = op["src_layer"], op["dst_layer"]
-        if op.get("src_segments") is not None:
-            if op["relation"] in DIAGONAL_RELATIONS or (op["kind"] == "conv" and op.get("groups", 1) > 1):
-                fixed.update(source_layers(op) + [d])
-        elif op["relation"] in DIAGONAL_RELATIONS:
+        pairs, fix = op.permutation_ties(sizes)
+        for s, d in pairs:
             parent[find(s)] = find(d)
-        elif op["relation"] in ("attn_q", "attn_k", "attn_v"):
-            fixed.add(d)                            # head structure: q/k/v neurons stay put
-        elif op["kind"] == "conv" and op.get("groups", 1) > 1:
-            if op["weight_shape"][1] == 1 and op["weight_shape"][0] == graph.layer_sizes()[s]:
-                parent[find(s)] = find(d)          # depthwise: channel c -> channel c
-            else:
-                fixed.update((s, d))
+        fixed.update(fix)
     for layer in range(graph.num_layers):
         types = set(graph.node_type[graph.node_layer == layer].tolist())
         if types - {NODE_TYPES.index("hidden")}:
@@ -119,23 +110,11 @@ def scale_classes(graph: NeuralGraph, steps: list[dict] | None = None) -> tuple[
         if set(graph.node_type[graph.node_layer == layer].tolist()) - {NODE_TYPES.index("hidden")}:
             allowed[layer] = set()
     for op in graph.ops:
-        s, d = op["src_layer"], op["dst_layer"]
-        if op["relation"] == "residual" and op.get("src_segments") is not None:
-            for layer in source_layers(op) + [d]:
-                allowed[layer] = set()
-        elif op["relation"] == "residual":
+        pairs, cleared = op.scaling_ties()
+        for s, d in pairs:
             parent[find(s)] = find(d)
-        elif op["relation"] == "gate":
-            for layer in source_layers(op):
-                allowed[layer] = set()
-        elif op["relation"].startswith("attn_") or op["relation"] == "embedding":
-            allowed[d] = set()
-        elif op["kind"] == "layer_norm":
-            for layer in source_layers(op):
-                allowed[layer] = set()
-        elif op["kind"] == "batch_norm" and not op.get("weight_key"):
-            allowed[s] = set()            # without gamma, eps makes the normalisation non-homogeneous
-            allowed[d] = set()
+        for layer in cleared:
+            allowed[layer] = set()
     reps = [find(i) for i in range(graph.num_layers)]
     groups: dict[int, set[str]] = {}
     for layer, rep in enumerate(reps):
@@ -165,27 +144,7 @@ def apply_neuron_factors(graph: NeuralGraph, factors: np.ndarray) -> NeuralGraph
     extra = graph.extra.astype(np.float64)
     for i, op in enumerate(graph.ops):
         e = np.flatnonzero(graph.edge_op == i)
-        src, dst = graph.src[e], graph.dst[e]
-        if op["relation"] == "residual":
-            if not np.allclose(s[src], s[dst]):
-                raise ValueError(f"op {i} (residual) joins neurons with different factors")
-        elif op["relation"] == "gate":
-            if not np.allclose(s[src], 1.0):
-                raise ValueError(f"op {i} (gate) cannot take factors on its gate neurons")
-        elif op["kind"] == "batch_norm":
-            ks, ls = s[src], s[dst]
-            eps = float(op.get("eps", 1e-5))
-            mean, var = extra[dst, 0], extra[dst, 1]
-            gamma_factor = ls * np.sqrt(ks ** 2 * var + eps) / (ks * np.sqrt(var + eps))
-            weight[e] *= gamma_factor[:, None]
-            extra[dst, 0] = mean * ks
-            extra[dst, 1] = var * ks ** 2
-        elif op["kind"] == "layer_norm":
-            if not np.allclose(s[src], 1.0):
-                raise ValueError(f"op {i} (layer norm) cannot absorb factors on its input neurons")
-            weight[e] *= s[dst][:, None]
-        else:
-            weight[e] *= (s[dst] / s[src])[:, None]
+        op.rescale(i, s, graph.src[e], graph.dst[e], e, weight, extra)
     return NeuralGraph(
         node_type=graph.node_type, node_layer=graph.node_layer, node_position=graph.node_position,
         bias=bias.astype(np.float32), extra=extra.astype(np.float32), layer_activation=list(graph.layer_activation),
@@ -228,19 +187,15 @@ def _incoming_norms(graph: NeuralGraph, weight: np.ndarray, bias: np.ndarray, ex
     sq = np.zeros(graph.num_nodes)
     total = np.zeros(graph.num_nodes)
     for i, op in enumerate(graph.ops):
-        if op["dst_layer"] not in layers or op["relation"] in ("residual", "gate"):
+        if op.dst_layer not in layers:
             continue
         e = np.flatnonzero(graph.edge_op == i)
         dst = graph.dst[e]
-        if op["kind"] == "batch_norm":
-            eps = float(op.get("eps", 1e-5))
-            a = weight[e].sum(1) / np.sqrt(extra[dst, 1] + eps)
-            c = -a * extra[dst, 0]
-            np.add.at(sq, dst, a ** 2 + c ** 2)
-            np.add.at(total, dst, a + c)
-        else:
-            np.add.at(sq, dst, (weight[e] ** 2).sum(1))
-            np.add.at(total, dst, weight[e].sum(1))
+        parts = op.incoming(weight[e], dst, extra)
+        if parts is None:                       # residual and gate edges carry no weight of the network
+            continue
+        np.add.at(sq, dst, parts[0])
+        np.add.at(total, dst, parts[1])
     return np.sqrt(sq + bias ** 2), total + bias
 
 

@@ -1,0 +1,25 @@
+"""Class tokens and learned positional embeddings (traced by ``pipeline.neural_graph.tokens``):
+embedding tables whose ids are token slots and positions."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.neural_graph.ops.base import OpKind, optional, register
+from pipeline.neural_graph.ops.embedding import EmbeddingTable
+
+
+@dataclass(kw_only=True)
+class ClassToken(EmbeddingTable):
+    """``tokens``: the token range the class tokens fill."""
+
+    kind = OpKind.CLASS_TOKEN
+    tokens: list[int] | None = optional()
+
+
+@dataclass(kw_only=True)
+class Position(EmbeddingTable):
+    kind = OpKind.POSITION
+    channels_last: bool | None = optional()
+
+
+register(ClassToken, Position)

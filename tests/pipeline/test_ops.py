@@ -1,0 +1,36 @@
+"""The operation registry: every kind has a record, stored dicts read back into the same record,
+and a plan that names an unknown kind or field is refused with the valid names."""
+import pytest
+import torch
+from torch import nn
+
+from pipeline.neural_graph.ops import REGISTRY, Op, OpKind, op_from_dict
+from pipeline.neural_graph.plan import Plan, plan_from_module
+from zoocore.errors import SpecError
+
+
+def test_every_kind_is_registered_once():
+    assert set(REGISTRY) == set(OpKind)
+    assert all(issubclass(cls, Op) and cls.kind is kind for kind, cls in REGISTRY.items())
+
+
+def test_records_read_and_write_the_stored_dicts():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, groups=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 2))
+    plan = plan_from_module(model.eval(), torch.randn(2, 3, 6, 6))
+    assert [type(op).__name__ for op in plan.ops] == ["Conv", "BatchNorm", "Linear"]
+    again = Plan.from_json(plan.to_json())
+    assert again.ops == plan.ops
+    for op in plan.ops:
+        d = op.to_dict()
+        assert op_from_dict(d) == op and dict(op.items()) == d
+        assert op["kind"] == d["kind"] and op.get("src_segments") is None and "src_segments" not in d
+    linear = plan.ops[-1]
+    assert linear["relation"] == "conv" and linear.kernel == [4, 4]      # a linear layer on a flattened map
+
+
+def test_unknown_kinds_and_fields_are_refused_with_the_known_ones():
+    with pytest.raises(SpecError, match="unknown operation kind 'bilinear'.*'batch_norm'"):
+        op_from_dict({"kind": "bilinear", "relation": "linear", "src_layer": 0, "dst_layer": 1, "kernel": [1, 1]})
+    with pytest.raises(SpecError, match=r"residual operation with unknown fields \['weight_key'\]"):
+        op_from_dict({"kind": "residual", "relation": "residual", "src_layer": 0, "dst_layer": 1, "kernel": [1, 1],
+                      "weight_key": "w"})
