@@ -7,6 +7,7 @@ import sys
 import click
 
 from graphstore.options import existing_catalog, open_store_from_options, optional_store, store_options
+from jobs.metanets import METANETWORKS
 from zoocore.cli import catalog_option, format_rows, translate_errors
 
 
@@ -80,7 +81,7 @@ def _device_option(fn):
 @click.option("--rescale-test", type=float, multiple=True, metavar="MAX",
               help="Also score NG-GNN and StatNN on function-preserving random rescalings U[1, MAX] of the test "
                    "models (rows '<method>@xMAX' beside the clean ones). Repeat for several MAX.")
-@click.option("--model", "metanet", type=click.Choice(["ngnn", "ngt"]), default="ngnn", show_default=True,
+@click.option("--model", "metanet", type=click.Choice(list(METANETWORKS)), default="ngnn", show_default=True,
               help="The metanetwork: ngnn (relational PNA message passing) or ngt (relational-attention "
                    "transformer); `jobs predict` reads it from the run.")
 @click.option("--quasi", is_flag=True,
@@ -321,7 +322,7 @@ def demo(workdir, n, epochs, seed, workers, device):
                    "(sigma 1 pixel) or contrast x2, of the digit the INR was fitted to, on its 8x8 pixel grid.")
 @click.option("--where", default=None, help="SQL condition over models selecting the INRs (default: all INRs "
                                              "with an image_index that are not themselves edits).")
-@click.option("--model", "metanet", type=click.Choice(["ngnn", "ngt"]), default="ngnn", show_default=True,
+@click.option("--model", "metanet", type=click.Choice(list(METANETWORKS)), default="ngnn", show_default=True,
               help="The metanetwork under the equivariant edge / node heads.")
 @click.option("--oce", type=click.IntRange(min=1), default=4, show_default=True, metavar="K",
               help="Output Capacity Expansion: the heads predict K weight sets and the edited INR is their average, "

@@ -1,0 +1,28 @@
+"""The metanetwork registry: every entry builds a metanetwork of its kind, the CLI offers exactly
+the registered kinds, and an unknown kind is refused naming the known ones."""
+import pytest
+
+from jobs.metanets import METANETWORKS, build_metanetwork, metanetwork_class
+from jobs.ngnn import NGGNN, NGGNNConfig
+
+ETYPES = [("input", "linear", "hidden"), ("hidden", "linear", "output"),
+          ("hidden", "rev_linear", "input"), ("output", "rev_linear", "hidden")]
+
+
+@pytest.mark.parametrize("kind", sorted(METANETWORKS))
+def test_every_registered_kind_builds_a_metanetwork_of_that_kind(kind):
+    model = build_metanetwork(NGGNNConfig(etypes=ETYPES, edge_in=1, out_dim=1, hidden=8, edge_hidden=4, kind=kind))
+    assert isinstance(model, NGGNN) and type(model) is metanetwork_class(kind)
+    assert model.cfg.kind == kind
+
+
+def test_the_cli_offers_the_registered_kinds():
+    from jobs.cli import train_heterognn_cmd
+
+    choice = next(p for p in train_heterognn_cmd.params if p.name == "metanet").type
+    assert list(choice.choices) == list(METANETWORKS)
+
+
+def test_an_unknown_kind_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="known: ngnn, ngt"):
+        build_metanetwork(NGGNNConfig(etypes=ETYPES, edge_in=1, out_dim=1, kind="gat"))
