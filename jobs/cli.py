@@ -67,6 +67,10 @@ def _device_option(fn):
               help="Feed NG-GNN scale-canonicalised graphs: every rescalable hidden neuron gets unit-norm incoming "
                    "weights (and a positive sum where signs may flip), the factor pushed forward; one graph per "
                    "function-preserving rescaling orbit.")
+@click.option("--bn-stats", is_flag=True,
+              help="Feed batch norms as the affine maps they compute at evaluation (gamma / sqrt(var + eps) on the "
+                   "edge, beta - gamma * mean / sqrt(var + eps) as the bias), so the running statistics reach the "
+                   "metanetwork.")
 @click.option("--scale-augment", type=float, default=0.0, metavar="MAX",
               help="Train on a new random function-preserving rescaling of every model each time it is served: "
                    "per hidden neuron a factor U[1, MAX] (and a sign flip where the activation allows). 0 = off.")
@@ -97,7 +101,7 @@ def _device_option(fn):
 @store_options
 @translate_errors
 def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold, epochs, batch_size, lr, hidden,
-                        layers, probes, ensemble, patience, seed, loader_workers, no_baselines, canonical, scale_augment,
+                        layers, probes, ensemble, patience, seed, loader_workers, no_baselines, canonical, bn_stats, scale_augment,
                         weight_noise, weight_dropout, fourier, rescale_test, metanet, quasi, quasi_eps, readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
     """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
     metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings.
@@ -115,6 +119,7 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold,
                       patience=patience,
                       seed=seed,
                       device=device, loader_workers=loader_workers, baselines=not no_baselines, canonical=canonical,
+                      bn_stats=bn_stats,
                       scale_augment=scale_augment, rescale_test=rescale_test, quasi=quasi, quasi_eps=quasi_eps,
                       model=metanet, readout_outputs=readout_outputs, weight_noise=weight_noise,
                       weight_dropout=weight_dropout, fourier=fourier)

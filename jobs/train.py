@@ -52,6 +52,7 @@ class DataConfig:
     loader_workers: int = 2
     chunk: int = 64
     canonical: bool = False            # NG-GNN reads scale-canonicalised graphs (one per rescaling orbit)
+    bn_stats: bool = False             # batch norm as its evaluation-time affine map (running stats in the features)
     scale_augment: float = 0.0         # > 1: train on random function-preserving rescalings U[1, MAX]
     weight_noise: float = 0.0          # > 0: train on weights plus N(0, (x * per-operation sd)^2) (jobs.augment)
     weight_dropout: float = 0.0        # > 0: train with each edge's weights zeroed with this probability
@@ -251,7 +252,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         raise JobError("--scale-augment and --rescale-test take the largest factor MAX > 1 of U[1, MAX]")
     if cfg.weight_noise < 0 or not 0 <= cfg.weight_dropout < 1:
         raise JobError("--weight-noise must be >= 0 and --weight-dropout in [0, 1)")
-    prepare = canonical_graph if cfg.canonical else None
+    prepare = preparation(cfg.canonical, cfg.bn_stats)
     stats = (layer_stats_of_graphs(read_prepared(con, sel.ids("train"), prepare)) if prepare is not None
              else layer_stats(con, sel.ids("train")))
     if cfg.probes:
@@ -323,6 +324,21 @@ def canonical_graph(graph, steps):
     from pipeline.neural_graph.symmetry import canonical_scaling
 
     return canonical_scaling(graph, steps)[0]
+
+
+def preparation(canonical: bool = False, bn_stats: bool = False):
+    """The GraphStream ``prepare`` a run's graphs get (None: none): the scale canonicalisation, then
+    batch norms as their evaluation-time affine maps (pipeline.neural_graph.norm_stats); in that
+    order, because the canonicalisation moves factors through batch norm's running statistics."""
+    if not (canonical or bn_stats):
+        return None
+    from pipeline.neural_graph.norm_stats import effective_batch_norms
+
+    def prepare(graph, steps):
+        if canonical:
+            graph = canonical_graph(graph, steps)
+        return effective_batch_norms(graph) if bn_stats else graph
+    return prepare
 
 
 def rescaler(max_scale: float):
@@ -482,7 +498,7 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     if model.cfg.probes:
         check_probe_graph(sel.etypes)
     stream = GraphStream(con, sel, manifest.stats, raw=bool(model.cfg.probes),
-                         prepare=canonical_graph if manifest.train.get("canonical") else None)
+                         prepare=preparation(manifest.train.get("canonical", False), manifest.train.get("bn_stats", False)))
     out, emb = infer_ensemble(models, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device), task)
     pred = task.decode(out, manifest.scale)
     known = task.known(sel.targets)

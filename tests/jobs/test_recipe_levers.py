@@ -1,5 +1,6 @@
-"""Recipe levers of the metanetworks: weight-space augmentation (noise, edge dropout) and random
-Fourier features of weights and biases; each keeps the symmetry and does what it says."""
+"""Recipe levers of the metanetworks: weight-space augmentation (noise, edge dropout), random
+Fourier features of weights and biases, batch norms with their running statistics; each keeps the
+symmetry and does what it says."""
 import numpy as np
 import pytest
 import torch
@@ -10,7 +11,7 @@ from jobs.augment import augmenter, perturb_weights
 from jobs.data import layer_stats, normalised_graph, select_models
 from jobs.metanets import build_metanetwork
 from jobs.ngnn import NGGNNConfig
-from jobs.train import TrainConfig, load_metanetwork, train_heterognn
+from jobs.train import TrainConfig, load_metanetwork, predict, train_heterognn
 from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 from pipeline.neural_graph.vocabulary import RELATIONS
@@ -96,8 +97,18 @@ def test_fourier_features_keep_predictions_invariant(catalog_dir, kind):
 
 def test_a_run_with_the_levers_trains_and_reloads_with_them(catalog_copy):
     cfg = TrainConfig(where="zoo = 'cnn'", epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2,
-                      weight_noise=0.05, weight_dropout=0.05, fourier=4, baselines=False)
+                      weight_noise=0.05, weight_dropout=0.05, fourier=4, bn_stats=True, baselines=False)
     report = train_heterognn(catalog_copy, cfg, progress=False)
     models, manifest = load_metanetwork(Catalog(catalog_copy), report.run_id)
     assert models[0].cfg.fourier == 4 and models[0].edge_fourier is not None
     assert manifest.train["weight_noise"] == 0.05 and manifest.train["weight_dropout"] == 0.05
+    assert manifest.train["bn_stats"] is True
+    con = duck.connect(catalog_copy)
+    mine = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = 'ngnn'",
+                            [report.run_id]).fetchall())
+    con.close()
+    assert predict(catalog_copy, report.run_id, where="zoo = 'cnn'").n == len(mine) > 0
+    con = duck.connect(catalog_copy)
+    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE starts_with(run_id, ?) "
+                             "AND method = 'ngnn'", [report.run_id + "-predict-"]).fetchall())
+    assert max(abs(again[m] - v) for m, v in mine.items()) < 1e-5   # predict prepares the graphs the same way
