@@ -83,41 +83,92 @@ class FourierFeatures(nn.Module):
         return self.proj(torch.cat([torch.sin(z), torch.cos(z)], -1))
 
 
+def _segment_stats(x: torch.Tensor, seg: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sum, sum of squares and maximum of the rows of ``x`` (E, H) per segment (``seg``: segment of
+    each row; every one of the ``n`` segments non-empty)."""
+    return _SegmentStats.apply(x, seg, n)
+
+
 def _segment_max(x: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
-    """Maximum of the rows of ``x`` per segment (``seg``: segment of each row, every segment non-empty)."""
-    return _SegmentMax.apply(x, seg, n)
+    return _segment_stats(x, seg, n)[2]
 
 
-class _SegmentMax(torch.autograd.Function):
-    """Segment max with a cheap backward: the gradient goes to the rows that attain the maximum
-    (shared evenly on ties, like ``torch.amax``). ``scatter_reduce``'s own backward and DGL's segment
-    max are several times slower on CPU."""
+class _SegmentStats(torch.autograd.Function):
+    """PNA's segment statistics in one autograd node: the backward of the three reductions is one
+    pass over the edges (``g_sum + 2 x g_sq + hit * g_max``) instead of three gradients summed. The
+    max's gradient goes to the rows that attain it (shared evenly on ties, like ``torch.amax``);
+    ``scatter_reduce``'s own backward and DGL's segment max are several times slower on CPU."""
 
     @staticmethod
     def forward(ctx, x, seg, n):
-        out = x.new_empty(n, x.shape[1]).scatter_reduce_(0, seg.unsqueeze(-1).expand_as(x), x, "amax",
+        total = x.new_zeros(n, x.shape[1]).index_add_(0, seg, x)
+        squares = x.new_zeros(n, x.shape[1]).index_add_(0, seg, x * x)
+        top = x.new_empty(n, x.shape[1]).scatter_reduce_(0, seg.unsqueeze(-1).expand_as(x), x, "amax",
                                                          include_self=False)
-        ctx.save_for_backward(x, seg, out)
-        return out
+        ctx.save_for_backward(x, seg, top)
+        return total, squares, top
 
     @staticmethod
-    def backward(ctx, grad):
-        x, seg, out = ctx.saved_tensors
-        # eq written into a float tensor: several times faster on CPU than eq, then a cast
-        hit = torch.eq(x, out.index_select(0, seg), out=torch.empty_like(x))
-        count = torch.zeros_like(out).index_add_(0, seg, hit)      # > 1 only on ties
-        return hit.mul_((grad / count).index_select(0, seg)), None, None
+    def backward(ctx, g_sum, g_sq, g_max):
+        x, seg, top = ctx.saved_tensors
+        grad = g_sum.index_select(0, seg) if g_sum is not None else torch.zeros_like(x)
+        if g_sq is not None:
+            grad.addcmul_(x, g_sq.index_select(0, seg), value=2.0)
+        if g_max is not None:
+            # eq written into a float tensor: several times faster on CPU than eq, then a cast
+            hit = torch.eq(x, top.index_select(0, seg), out=torch.empty_like(x))
+            count = torch.zeros_like(top).index_add_(0, seg, hit)      # > 1 only on ties
+            grad.addcmul_(hit, (g_max / count).index_select(0, seg))
+        return grad, None, None
 
 
 def _rel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rel: list[int],
                 rows: list[int]) -> torch.Tensor:
-    """Per-relation affine maps of rows grouped by relation: rows ``rows[i]`` of block i are mapped
-    by ``weight[rel[i]]`` (in, out) plus ``bias[rel[i]]``."""
-    ws = weight.unbind(0)
-    bs = bias.unbind(0) if bias is not None else None
-    parts = [torch.addmm(bs[r], xi, ws[r]) if bs is not None else xi @ ws[r]
-             for r, xi in zip(rel, x.split(rows))]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, 0)
+    """Per-relation affine maps of rows grouped by relation: the ``rows[i]`` rows of block i are
+    mapped by ``weight[rel[i]]`` (in, out) plus ``bias[rel[i]]``."""
+    return _RelLinear.apply(x, weight, bias, rel, rows)
+
+
+class _RelLinear(torch.autograd.Function):
+    """``_rel_linear`` with every block's product written straight into one output (and the
+    gradients into one tensor each), instead of per-block results joined by ``cat`` forward and
+    split-and-joined again backward: on CPU those copies cost as much as the products."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, rel, rows):
+        out = x.new_empty(x.shape[0], weight.shape[-1])
+        start = 0
+        for r, n in zip(rel, rows):
+            if bias is None:
+                torch.mm(x[start:start + n], weight[r], out=out[start:start + n])
+            else:
+                torch.addmm(bias[r], x[start:start + n], weight[r], out=out[start:start + n])
+            start += n
+        ctx.save_for_backward(x, weight)
+        ctx.rel, ctx.rows, ctx.has_bias = rel, rows, bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        gx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        gw = torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device) if ctx.needs_input_grad[1] else None
+        gb = (grad.new_zeros(weight.shape[0], weight.shape[-1])
+              if ctx.has_bias and ctx.needs_input_grad[2] else None)
+        start = 0
+        for r, n in zip(ctx.rel, ctx.rows):
+            g = grad[start:start + n]
+            if gx is not None:
+                torch.mm(g, weight[r].T, out=gx[start:start + n])
+            if gw is not None:
+                torch.mm(x[start:start + n].T, g, out=gw[r])
+            if gb is not None:
+                torch.sum(g, 0, out=gb[r])
+            start += n
+        if gx is not None and start < x.shape[0]:
+            gx[start:].zero_()
+        return gx, gw, gb, None, None
 
 
 class RelationalPNALayer(nn.Module):
@@ -177,12 +228,11 @@ class RelationalPNALayer(nn.Module):
         fw, fb = self.film_weight, self.film_bias
         gamma = _rel_linear(e, fw[..., :H], fb[..., :H], rel, rows)
         beta = _rel_linear(e, fw[..., H:], fb[..., H:], rel, rows)
-        m = gamma * msg + beta                                                              # FiLM messages
+        m = torch.addcmul(beta, gamma, msg)                                                 # FiLM messages
         # PNA over each (relation, destination) segment: edges are ordered by relation, then destination
         n = len(flat.nodes)
-        mean = torch.zeros(n, H, dtype=m.dtype, device=m.device).index_add_(0, flat.seg, m) / flat.deg
-        sq = torch.zeros(n, H, dtype=m.dtype, device=m.device).index_add_(0, flat.seg, m * m) / flat.deg
-        mx = _segment_max(m, flat.seg, n)
+        total, squares, mx = _segment_stats(m, flat.seg, n)
+        mean, sq = total / flat.deg, squares / flat.deg
         std = torch.sqrt(torch.relu(sq - mean ** 2) + 1e-6)
         if self.training and not bool(self.delta_set):
             self.delta[flat.rel_index] = flat.logd_mean.detach()
