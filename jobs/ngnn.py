@@ -122,6 +122,21 @@ class _SegmentStats(torch.autograd.Function):
         return grad, None, None
 
 
+class _FiLM(torch.autograd.Function):
+    """``gamma * x + beta`` in one pass, with the two-product backward (``torch.addcmul``'s backward
+    multiplies each gradient by its ``value`` once more)."""
+
+    @staticmethod
+    def forward(ctx, gamma, x, beta):
+        ctx.save_for_backward(gamma, x)
+        return torch.addcmul(beta, gamma, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gamma, x = ctx.saved_tensors
+        return grad * x, grad * gamma, grad
+
+
 def _rel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rel: list[int],
                 rows: list[int]) -> torch.Tensor:
     """Per-relation affine maps of rows grouped by relation: the ``rows[i]`` rows of block i are
@@ -228,7 +243,7 @@ class RelationalPNALayer(nn.Module):
         fw, fb = self.film_weight, self.film_bias
         gamma = _rel_linear(e, fw[..., :H], fb[..., :H], rel, rows)
         beta = _rel_linear(e, fw[..., H:], fb[..., H:], rel, rows)
-        m = torch.addcmul(beta, gamma, msg)                                                 # FiLM messages
+        m = _FiLM.apply(gamma, msg, beta)                                                   # FiLM messages
         # PNA over each (relation, destination) segment: edges are ordered by relation, then destination
         n = len(flat.nodes)
         total, squares, mx = _segment_stats(m, flat.seg, n)
