@@ -44,7 +44,8 @@ class PerRelationPNALayer(nn.Module):
             pos = torch.repeat_interleave(torch.arange(len(ix.nodes)), ix.seglen)
             mean = torch.zeros(len(ix.nodes), m.shape[1]).index_add(0, pos, m) / ix.deg
             sq = torch.zeros(len(ix.nodes), m.shape[1]).index_add(0, pos, m * m) / ix.deg
-            mx = torch.stack([m[pos == i].amax(0) for i in range(len(ix.nodes))])
+            mx = torch.zeros(len(ix.nodes), m.shape[1]).scatter_reduce(0, pos[:, None].expand_as(m), m, "amax",
+                                                                       include_self=False)
             std = torch.sqrt(torch.relu(sq - mean ** 2) + 1e-6)
             if calibrate:
                 self.delta[k] = ix.logd_mean.detach()
