@@ -83,8 +83,118 @@ class FourierFeatures(nn.Module):
         return self.proj(torch.cat([torch.sin(z), torch.cos(z)], -1))
 
 
+def _segment_stats(x: torch.Tensor, seg: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sum, sum of squares and maximum of the rows of ``x`` (E, H) per segment (``seg``: segment of
+    each row; every one of the ``n`` segments non-empty)."""
+    return _SegmentStats.apply(x, seg, n)
+
+
+def _segment_max(x: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
+    return _segment_stats(x, seg, n)[2]
+
+
+class _SegmentStats(torch.autograd.Function):
+    """PNA's segment statistics in one autograd node: the backward of the three reductions is one
+    pass over the edges (``g_sum + 2 x g_sq + hit * g_max``) instead of three gradients summed. The
+    max's gradient goes to the rows that attain it (shared evenly on ties, like ``torch.amax``);
+    ``scatter_reduce``'s own backward and DGL's segment max are several times slower on CPU."""
+
+    @staticmethod
+    def forward(ctx, x, seg, n):
+        total = x.new_zeros(n, x.shape[1]).index_add_(0, seg, x)
+        squares = x.new_zeros(n, x.shape[1]).index_add_(0, seg, x * x)
+        top = x.new_empty(n, x.shape[1]).scatter_reduce_(0, seg.unsqueeze(-1).expand_as(x), x, "amax",
+                                                         include_self=False)
+        ctx.save_for_backward(x, seg, top)
+        return total, squares, top
+
+    @staticmethod
+    def backward(ctx, g_sum, g_sq, g_max):
+        x, seg, top = ctx.saved_tensors
+        grad = g_sum.index_select(0, seg) if g_sum is not None else torch.zeros_like(x)
+        if g_sq is not None:
+            grad.addcmul_(x, g_sq.index_select(0, seg), value=2.0)
+        if g_max is not None:
+            # eq written into a float tensor: several times faster on CPU than eq, then a cast
+            hit = torch.eq(x, top.index_select(0, seg), out=torch.empty_like(x))
+            count = torch.zeros_like(top).index_add_(0, seg, hit)      # > 1 only on ties
+            grad.addcmul_(hit, (g_max / count).index_select(0, seg))
+        return grad, None, None
+
+
+class _FiLM(torch.autograd.Function):
+    """``gamma * x + beta`` in one pass, with the two-product backward (``torch.addcmul``'s backward
+    multiplies each gradient by its ``value`` once more)."""
+
+    @staticmethod
+    def forward(ctx, gamma, x, beta):
+        ctx.save_for_backward(gamma, x)
+        return torch.addcmul(beta, gamma, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        gamma, x = ctx.saved_tensors
+        return grad * x, grad * gamma, grad
+
+
+def _rel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rel: list[int],
+                rows: list[int]) -> torch.Tensor:
+    """Per-relation affine maps of rows grouped by relation: the ``rows[i]`` rows of block i are
+    mapped by ``weight[rel[i]]`` (in, out) plus ``bias[rel[i]]``."""
+    return _RelLinear.apply(x, weight, bias, rel, rows)
+
+
+class _RelLinear(torch.autograd.Function):
+    """``_rel_linear`` with every block's product written straight into one output (and the
+    gradients into one tensor each), instead of per-block results joined by ``cat`` forward and
+    split-and-joined again backward: on CPU those copies cost as much as the products."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, rel, rows):
+        out = x.new_empty(x.shape[0], weight.shape[-1])
+        start = 0
+        for r, n in zip(rel, rows):
+            if bias is None:
+                torch.mm(x[start:start + n], weight[r], out=out[start:start + n])
+            else:
+                torch.addmm(bias[r], x[start:start + n], weight[r], out=out[start:start + n])
+            start += n
+        ctx.save_for_backward(x, weight)
+        ctx.rel, ctx.rows, ctx.has_bias = rel, rows, bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        gx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        gw = torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device) if ctx.needs_input_grad[1] else None
+        gb = (grad.new_zeros(weight.shape[0], weight.shape[-1])
+              if ctx.has_bias and ctx.needs_input_grad[2] else None)
+        start = 0
+        for r, n in zip(ctx.rel, ctx.rows):
+            g = grad[start:start + n]
+            if gx is not None:
+                torch.mm(g, weight[r].T, out=gx[start:start + n])
+            if gw is not None:
+                torch.mm(x[start:start + n].T, g, out=gw[r])
+            if gb is not None:
+                torch.sum(g, 0, out=gb[r])
+            start += n
+        if gx is not None and start < x.shape[0]:
+            gx[start:].zero_()
+        return gx, gw, gb, None, None
+
+
 class RelationalPNALayer(nn.Module):
-    """One NG-GNN layer over every canonical edge type of the graph."""
+    """One NG-GNN layer over every canonical edge type of the graph.
+
+    The per-relation maps are held stacked, one (R, in, out) parameter per family, and every
+    relation's edges are processed at once (see ``FlatEdges``), so a layer issues a few large
+    operations instead of a dozen small ones per relation. Per relation r and edge u -> v:
+    ``m = gamma_r(e) * (W_r h_u + b_r) + beta_r(e)``; PNA aggregation (mean, max, std) over v's
+    in-edges of r; the post map of the aggregates with identity / amplification / attenuation degree
+    scalers; relation outputs summed per node; ``e' = e + MLP_r(e, h_u, h_v)``."""
 
     AGGREGATORS = 3   # mean, max, std
     SCALERS = 3       # identity, amplification, attenuation
@@ -92,62 +202,158 @@ class RelationalPNALayer(nn.Module):
     def __init__(self, etypes: Sequence[CanonicalEtype], hidden: int, edge_hidden: int):
         super().__init__()
         self.etypes = [tuple(e) for e in etypes]
-        self.msg = nn.ModuleDict({_key(e): nn.Linear(hidden, hidden) for e in self.etypes})
-        self.film = nn.ModuleDict({_key(e): nn.Linear(edge_hidden, 2 * hidden) for e in self.etypes})
-        self.post = nn.ModuleDict({_key(e): nn.Linear(self.AGGREGATORS * self.SCALERS * hidden, hidden)
-                                   for e in self.etypes})
-        self.edge_update = nn.ModuleDict({_key(e): mlp(edge_hidden + 2 * hidden, edge_hidden, edge_hidden)
-                                          for e in self.etypes})
+        R, H, De = len(self.etypes), hidden, edge_hidden
+        F = self.AGGREGATORS * H
+
+        def stacked(*shape, fan_in):                # nn.Linear's default initialisation
+            return nn.Parameter(torch.empty(R, *shape).uniform_(-1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in)))
+
+        self.msg_weight, self.msg_bias = stacked(H, H, fan_in=H), stacked(H, fan_in=H)
+        self.film_weight, self.film_bias = stacked(De, 2 * H, fan_in=De), stacked(2 * H, fan_in=De)
+        # post map of cat(f, f * amp, f * att) (9H -> H) held as f @ post_weight (3H -> [id | amp | att])
+        self.post_weight = stacked(F, self.SCALERS * H, fan_in=self.SCALERS * F)
+        self.post_bias = stacked(H, fan_in=self.SCALERS * F)
+        # edge update MLP(cat(e, h_src, h_dst)): first map's rows [e | src | dst], SiLU, second map
+        self.edge_weight1 = stacked(De + 2 * H, De, fan_in=De + 2 * H)
+        self.edge_bias1 = stacked(De, fan_in=De + 2 * H)
+        self.edge_weight2, self.edge_bias2 = stacked(De, De, fan_in=De), stacked(De, fan_in=De)
         self.node_update = nn.ModuleDict({t: mlp(2 * hidden, hidden, hidden) for t in NODE_TYPES})
         self.norm = nn.ModuleDict({t: nn.LayerNorm(hidden) for t in NODE_TYPES})
         # mean log-degree per edge type (PNA's delta), fixed from the first training batch
-        self.register_buffer("delta", torch.zeros(len(self.etypes)))
+        self.register_buffer("delta", torch.zeros(R))
         self.register_buffer("delta_set", torch.zeros((), dtype=torch.bool))
 
-    def forward(self, g: dgl.DGLHeteroGraph, h: dict[str, torch.Tensor], e: dict[CanonicalEtype, torch.Tensor],
-                structure: dict[CanonicalEtype, "EdgeIndex"]):
-        """``e`` holds each relation's edges in ``structure``'s order (by destination; see EdgeIndex)."""
-        agg = {t: torch.zeros_like(h[t]) for t in h}
-        new_e = {}
-        calibrate = self.training and not bool(self.delta_set)
-        H = h[next(iter(h))].shape[-1]
-        for k, et in enumerate(self.etypes):
-            if et not in e or et not in structure:
-                continue
-            s, _, d = et
-            ix = structure[et]
-            key = _key(et)
-            gamma, beta = self.film[key](e[et]).chunk(2, dim=-1)
-            m = gamma * self.msg[key](h[s]).index_select(0, ix.src) + beta                       # (E, H) FiLM messages
-            # aggregate onto the U destination nodes that have an in-edge of this relation only (the
-            # others receive nothing from it), so the per-node work scales with U, not with N
-            # (edges are ordered by destination, so every reduction is a segment reduction)
-            mean = dgl.ops.segment_reduce(ix.seglen, m, "sum") / ix.deg
-            sq = dgl.ops.segment_reduce(ix.seglen, m * m, "sum") / ix.deg
-            mx = dgl.ops.segment_reduce(ix.seglen, m, "max")
-            std = torch.sqrt(torch.relu(sq - mean ** 2) + 1e-6)
-            if calibrate:
-                self.delta[k] = ix.logd_mean.detach()
-            delta = self.delta[k].clamp(min=1e-3)
-            # post(cat[f, f * amp, f * att]) computed as f @ [W_id; W_amp; W_att]^T, then scaled per
-            # node: the same linear map without building the 9H-wide input
-            post = self.post[key]
-            y = torch.cat([mean, mx, std], dim=-1) @ torch.cat(post.weight.chunk(self.SCALERS, dim=1), 0).T
-            y_id, y_amp, y_att = y.chunk(self.SCALERS, dim=-1)
-            out = y_id + y_amp * (ix.logd / delta) + y_att * (delta / ix.logd) + post.bias
-            agg[d] = agg[d].index_add(0, ix.nodes, out)
-            # edge update from both endpoints: the first linear map of cat(e, h_src, h_dst) is split
-            # into its three column blocks, so the node terms are computed per node, then gathered
-            first, rest = self.edge_update[key][0], self.edge_update[key][1:]
-            eh = e[et].shape[-1]
-            w_e, w_s, w_d = first.weight[:, :eh], first.weight[:, eh:eh + H], first.weight[:, eh + H:]
-            pre = (e[et] @ w_e.T + first.bias + (h[s] @ w_s.T).index_select(0, ix.src)
-                   + (h[d] @ w_d.T).index_select(0, ix.dst))
-            new_e[et] = e[et] + rest(pre)
-        if calibrate:
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        _stack_per_relation_weights(state_dict, prefix, self.etypes)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def forward(self, flat: "FlatEdges", x: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` (N, H): every node (``flat``'s node order); ``e`` (E, De): every edge (``flat``'s edge
+        order). Returns both updated."""
+        H = x.shape[-1]
+        if e is None:                                # no edges: only the node update, with nothing aggregated
+            return self._update_nodes(flat, x, torch.zeros_like(x)), e
+        De = e.shape[-1]
+        rel, rows = flat.rel, flat.edges_per_rel
+        # node terms are computed once per (relation, source) and per (relation, destination), then
+        # gathered onto the edges
+        xs = x.index_select(0, flat.sources)
+        msg = _rel_linear(xs, self.msg_weight, self.msg_bias, rel, flat.sources_per_rel).index_select(0, flat.src)
+        # gamma and beta from the two halves of the film map (contiguous results; no chunk / cat)
+        fw, fb = self.film_weight, self.film_bias
+        gamma = _rel_linear(e, fw[..., :H], fb[..., :H], rel, rows)
+        beta = _rel_linear(e, fw[..., H:], fb[..., H:], rel, rows)
+        m = _FiLM.apply(gamma, msg, beta)                                                   # FiLM messages
+        # PNA over each (relation, destination) segment: edges are ordered by relation, then destination
+        n = len(flat.nodes)
+        total, squares, mx = _segment_stats(m, flat.seg, n)
+        mean, sq = total / flat.deg, squares / flat.deg
+        std = torch.sqrt(torch.relu(sq - mean ** 2) + 1e-6)
+        if self.training and not bool(self.delta_set):
+            self.delta[flat.rel_index] = flat.logd_mean.detach()
             self.delta_set.fill_(True)
-        out = {t: self.norm[t](h[t] + self.node_update[t](torch.cat([h[t], agg[t]], -1))) for t in h}
-        return out, {**e, **new_e}
+        delta = self.delta.clamp(min=1e-3).index_select(0, flat.seg_rel).unsqueeze(-1)     # (U, 1)
+        scale = torch.cat([torch.ones_like(delta), flat.logd / delta, delta / flat.logd], -1)   # (U, 3)
+        bias = nn.functional.pad(self.post_bias, (0, (self.SCALERS - 1) * H))              # scaled by 1
+        y = _rel_linear(torch.cat([mean, mx, std], -1), self.post_weight, bias, rel, flat.segments_per_rel)
+        out = (y.view(n, self.SCALERS, H) * scale.unsqueeze(-1)).sum(1)
+        agg = torch.zeros_like(x).index_add_(0, flat.nodes, out)
+        # edge update: the first map's node blocks are applied per node, then gathered
+        w1 = self.edge_weight1
+        pre = (_rel_linear(e, w1[:, :De], self.edge_bias1, rel, rows)
+               + _rel_linear(xs, w1[:, De:De + H], None, rel, flat.sources_per_rel).index_select(0, flat.src)
+               + _rel_linear(x.index_select(0, flat.nodes), w1[:, De + H:], None, rel,
+                             flat.segments_per_rel).index_select(0, flat.seg))
+        e = e + _rel_linear(nn.functional.silu(pre), self.edge_weight2, self.edge_bias2, rel, rows)
+        return self._update_nodes(flat, x, agg), e
+
+    def _update_nodes(self, flat: "FlatEdges", x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
+        xa = torch.cat([x, agg], -1)
+        parts = []
+        for t in NODE_TYPES:
+            a, b = flat.node_offsets[t], flat.node_offsets[t] + flat.node_counts[t]
+            parts.append(self.norm[t](x[a:b] + self.node_update[t](xa[a:b])))
+        return torch.cat(parts, 0)
+
+
+def _stack_per_relation_weights(state: dict, prefix: str, etypes: Sequence[CanonicalEtype]) -> None:
+    """Rewrite, in place, a layer state saved with one nn.Linear per relation and family
+    (``msg.<src>__<rel>__<dst>.weight`` ...) into the stacked (R, in, out) parameters."""
+    keys = [_key(et) for et in etypes]
+    if f"{prefix}msg.{keys[0]}.weight" not in state:
+        return
+
+    def stack(old: str, new_weight: str, new_bias: str, weight=lambda w: w.T) -> None:
+        names = [old.format(k) for k in keys]
+        state[prefix + new_weight] = torch.stack([weight(state.pop(f"{prefix}{n}.weight")) for n in names])
+        state[prefix + new_bias] = torch.stack([state.pop(f"{prefix}{n}.bias") for n in names])
+
+    stack("msg.{}", "msg_weight", "msg_bias")
+    stack("film.{}", "film_weight", "film_bias")
+    stack("edge_update.{}.0", "edge_weight1", "edge_bias1")
+    stack("edge_update.{}.2", "edge_weight2", "edge_bias2")
+    # post (H, 9H) = [W_id | W_amp | W_att] -> (3H, 3H) = [W_id; W_amp; W_att]^T
+    stack("post.{}", "post_weight", "post_bias",
+          lambda w: torch.cat(w.chunk(RelationalPNALayer.SCALERS, dim=1), 0).T)
+
+
+@dataclass
+class FlatEdges:
+    """Every relation's edges of a batched graph as one edge list, for RelationalPNALayer: edges
+    grouped by relation (in the layer's relation order), each group in EdgeIndex order (by
+    destination), and nodes numbered across node types (NODE_TYPES order). A segment is one
+    (relation, destination) pair with at least one edge."""
+
+    rel: list[int]                 # relation index (into the etype list) of each present relation
+    rel_index: torch.Tensor        # the same as a tensor
+    edges_per_rel: list[int]       # edges of each present relation
+    segments_per_rel: list[int]    # segments of each present relation
+    sources: torch.Tensor          # (S,) flat node of each (relation, source node with an out-edge) pair
+    sources_per_rel: list[int]     # such pairs of each present relation
+    src: torch.Tensor              # (E,) the (relation, source) pair of each edge (index into ``sources``)
+    seg: torch.Tensor              # (E,) segment of each edge
+    nodes: torch.Tensor            # (U,) flat destination node of each segment
+    seg_rel: torch.Tensor          # (U,) relation of each segment
+    deg: torch.Tensor              # (U, 1) in-degree
+    logd: torch.Tensor             # (U, 1) log(deg + 1)
+    logd_mean: torch.Tensor        # (len(rel),) PNA's delta of each present relation
+    node_offsets: dict[str, int]
+    node_counts: dict[str, int]
+
+
+def flat_edges(g: dgl.DGLHeteroGraph, etypes: Sequence[CanonicalEtype], structure: dict) -> FlatEdges:
+    counts = {t: g.num_nodes(t) for t in NODE_TYPES}
+    offsets, total = {}, 0
+    for t in NODE_TYPES:
+        offsets[t], total = total, total + counts[t]
+    rel, ne, nu, ns, sources, src, seg, nodes, seg_rel, deg, logd, logd_mean = ([] for _ in range(12))
+    u0 = s0 = 0
+    for r, et in enumerate(etypes):
+        ix = structure.get(tuple(et))
+        if ix is None:
+            continue
+        s, _, d = et
+        rel.append(r)
+        ne.append(len(ix.src))
+        nu.append(len(ix.nodes))
+        u, inverse = torch.unique(ix.src, return_inverse=True)
+        sources.append(u + offsets[s])
+        ns.append(len(u))
+        src.append(inverse + s0)
+        s0 += len(u)
+        seg.append(torch.repeat_interleave(torch.arange(u0, u0 + len(ix.nodes), device=g.device), ix.seglen))
+        u0 += len(ix.nodes)
+        nodes.append(ix.nodes + offsets[d])
+        seg_rel.append(torch.full((len(ix.nodes),), r, dtype=torch.long, device=g.device))
+        deg.append(ix.deg)
+        logd.append(ix.logd)
+        logd_mean.append(ix.logd_mean)
+    def cat(parts, *shape, dtype=torch.long):
+        return torch.cat(parts) if parts else torch.zeros(*shape, dtype=dtype, device=g.device)
+    f = torch.float32
+    return FlatEdges(rel, torch.tensor(rel, dtype=torch.long, device=g.device), ne, nu, cat(sources, 0), ns, cat(src, 0),
+                     cat(seg, 0), cat(nodes, 0), cat(seg_rel, 0), cat(deg, 0, 1, dtype=f), cat(logd, 0, 1, dtype=f),
+                     torch.stack(logd_mean) if logd_mean else torch.zeros(0, device=g.device), offsets, counts)
 
 
 @dataclass
@@ -269,9 +475,14 @@ class NGGNN(nn.Module):
     def propagate(self, g, h: dict, e: dict, structure: dict) -> tuple[dict, dict]:
         """The metanetwork's own part: ``layers`` of message passing that update nodes and edges
         (here relational PNA with FiLM-modulated messages; NG-T overrides it with attention)."""
+        flat = flat_edges(g, self.cfg.etypes, structure)
+        present = [et for et in self.cfg.etypes if et in structure]
+        x = torch.cat([h[t] for t in NODE_TYPES], 0)
+        ef = torch.cat([e[et] for et in present], 0) if present else None
         for layer in self.layers:
-            h, e = layer(g, h, e, structure)
-        return h, e
+            x, ef = layer(flat, x, ef)
+        h = {t: x[flat.node_offsets[t]:flat.node_offsets[t] + flat.node_counts[t]] for t in NODE_TYPES}
+        return h, ({**e, **dict(zip(present, ef.split(flat.edges_per_rel)))} if present else e)
 
     def embeddings(self, g) -> tuple[dict[str, torch.Tensor], dict[CanonicalEtype, torch.Tensor]]:
         """Equivariant node and edge embeddings after encoding, propagation and (optionally) the
