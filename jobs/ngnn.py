@@ -21,6 +21,7 @@ from torch import nn
 
 from jobs.probes import ProbeFeatures
 from jobs.quasi import QuasiScaling
+from jobs.relational_kernels import FiLM, rel_linear, segment_stats
 from pipeline.neural_graph.heterograph import CanonicalEtype
 from pipeline.neural_graph.vocabulary import ACTIVATIONS, NODE_TYPES
 
@@ -83,114 +84,11 @@ class FourierFeatures(nn.Module):
         return self.proj(torch.cat([torch.sin(z), torch.cos(z)], -1))
 
 
-def _segment_stats(x: torch.Tensor, seg: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sum, sum of squares and maximum of the rows of ``x`` (E, H) per segment (``seg``: segment of
-    each row; every one of the ``n`` segments non-empty)."""
-    return _SegmentStats.apply(x, seg, n)
-
-
-def _segment_max(x: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
-    return _segment_stats(x, seg, n)[2]
-
-
-class _SegmentStats(torch.autograd.Function):
-    """PNA's segment statistics in one autograd node: the backward of the three reductions is one
-    pass over the edges (``g_sum + 2 x g_sq + hit * g_max``) instead of three gradients summed. The
-    max's gradient goes to the rows that attain it (shared evenly on ties, like ``torch.amax``);
-    ``scatter_reduce``'s own backward and DGL's segment max are several times slower on CPU."""
-
-    @staticmethod
-    def forward(ctx, x, seg, n):
-        total = x.new_zeros(n, x.shape[1]).index_add_(0, seg, x)
-        squares = x.new_zeros(n, x.shape[1]).index_add_(0, seg, x * x)
-        top = x.new_empty(n, x.shape[1]).scatter_reduce_(0, seg.unsqueeze(-1).expand_as(x), x, "amax",
-                                                         include_self=False)
-        ctx.save_for_backward(x, seg, top)
-        return total, squares, top
-
-    @staticmethod
-    def backward(ctx, g_sum, g_sq, g_max):
-        x, seg, top = ctx.saved_tensors
-        grad = g_sum.index_select(0, seg) if g_sum is not None else torch.zeros_like(x)
-        if g_sq is not None:
-            grad.addcmul_(x, g_sq.index_select(0, seg), value=2.0)
-        if g_max is not None:
-            # eq written into a float tensor: several times faster on CPU than eq, then a cast
-            hit = torch.eq(x, top.index_select(0, seg), out=torch.empty_like(x))
-            count = torch.zeros_like(top).index_add_(0, seg, hit)      # > 1 only on ties
-            grad.addcmul_(hit, (g_max / count).index_select(0, seg))
-        return grad, None, None
-
-
-class _FiLM(torch.autograd.Function):
-    """``gamma * x + beta`` in one pass, with the two-product backward (``torch.addcmul``'s backward
-    multiplies each gradient by its ``value`` once more)."""
-
-    @staticmethod
-    def forward(ctx, gamma, x, beta):
-        ctx.save_for_backward(gamma, x)
-        return torch.addcmul(beta, gamma, x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        gamma, x = ctx.saved_tensors
-        return grad * x, grad * gamma, grad
-
-
-def _rel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rel: list[int],
-                rows: list[int]) -> torch.Tensor:
-    """Per-relation affine maps of rows grouped by relation: the ``rows[i]`` rows of block i are
-    mapped by ``weight[rel[i]]`` (in, out) plus ``bias[rel[i]]``."""
-    return _RelLinear.apply(x, weight, bias, rel, rows)
-
-
-class _RelLinear(torch.autograd.Function):
-    """``_rel_linear`` with every block's product written straight into one output (and the
-    gradients into one tensor each), instead of per-block results joined by ``cat`` forward and
-    split-and-joined again backward: on CPU those copies cost as much as the products."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, rel, rows):
-        out = x.new_empty(x.shape[0], weight.shape[-1])
-        start = 0
-        for r, n in zip(rel, rows):
-            if bias is None:
-                torch.mm(x[start:start + n], weight[r], out=out[start:start + n])
-            else:
-                torch.addmm(bias[r], x[start:start + n], weight[r], out=out[start:start + n])
-            start += n
-        ctx.save_for_backward(x, weight)
-        ctx.rel, ctx.rows, ctx.has_bias = rel, rows, bias is not None
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        grad = grad.contiguous()
-        gx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        gw = torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device) if ctx.needs_input_grad[1] else None
-        gb = (grad.new_zeros(weight.shape[0], weight.shape[-1])
-              if ctx.has_bias and ctx.needs_input_grad[2] else None)
-        start = 0
-        for r, n in zip(ctx.rel, ctx.rows):
-            g = grad[start:start + n]
-            if gx is not None:
-                torch.mm(g, weight[r].T, out=gx[start:start + n])
-            if gw is not None:
-                torch.mm(x[start:start + n].T, g, out=gw[r])
-            if gb is not None:
-                torch.sum(g, 0, out=gb[r])
-            start += n
-        if gx is not None and start < x.shape[0]:
-            gx[start:].zero_()
-        return gx, gw, gb, None, None
-
-
 class RelationalPNALayer(nn.Module):
     """One NG-GNN layer over every canonical edge type of the graph.
 
     The per-relation maps are held stacked, one (R, in, out) parameter per family, and every
-    relation's edges are processed at once (see ``FlatEdges``), so a layer issues a few large
+    relation's edges are processed at once (see ``StackedEdges``), so a layer issues a few large
     operations instead of a dozen small ones per relation. Per relation r and edge u -> v:
     ``m = gamma_r(e) * (W_r h_u + b_r) + beta_r(e)``; PNA aggregation (mean, max, std) over v's
     in-edges of r; the post map of the aggregates with identity / amplification / attenuation degree
@@ -227,7 +125,7 @@ class RelationalPNALayer(nn.Module):
         _stack_per_relation_weights(state_dict, prefix, self.etypes)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def forward(self, flat: "FlatEdges", x: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, flat: "StackedEdges", x: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` (N, H): every node (``flat``'s node order); ``e`` (E, De): every edge (``flat``'s edge
         order). Returns both updated."""
         H = x.shape[-1]
@@ -238,15 +136,15 @@ class RelationalPNALayer(nn.Module):
         # node terms are computed once per (relation, source) and per (relation, destination), then
         # gathered onto the edges
         xs = x.index_select(0, flat.sources)
-        msg = _rel_linear(xs, self.msg_weight, self.msg_bias, rel, flat.sources_per_rel).index_select(0, flat.src)
+        msg = rel_linear(xs, self.msg_weight, self.msg_bias, rel, flat.sources_per_rel).index_select(0, flat.src)
         # gamma and beta from the two halves of the film map (contiguous results; no chunk / cat)
         fw, fb = self.film_weight, self.film_bias
-        gamma = _rel_linear(e, fw[..., :H], fb[..., :H], rel, rows)
-        beta = _rel_linear(e, fw[..., H:], fb[..., H:], rel, rows)
-        m = _FiLM.apply(gamma, msg, beta)                                                   # FiLM messages
+        gamma = rel_linear(e, fw[..., :H], fb[..., :H], rel, rows)
+        beta = rel_linear(e, fw[..., H:], fb[..., H:], rel, rows)
+        m = FiLM.apply(gamma, msg, beta)                                                   # FiLM messages
         # PNA over each (relation, destination) segment: edges are ordered by relation, then destination
         n = len(flat.nodes)
-        total, squares, mx = _segment_stats(m, flat.seg, n)
+        total, squares, mx = segment_stats(m, flat.seg, n)
         mean, sq = total / flat.deg, squares / flat.deg
         std = torch.sqrt(torch.relu(sq - mean ** 2) + 1e-6)
         if self.training and not bool(self.delta_set):
@@ -255,19 +153,19 @@ class RelationalPNALayer(nn.Module):
         delta = self.delta.clamp(min=1e-3).index_select(0, flat.seg_rel).unsqueeze(-1)     # (U, 1)
         scale = torch.cat([torch.ones_like(delta), flat.logd / delta, delta / flat.logd], -1)   # (U, 3)
         bias = nn.functional.pad(self.post_bias, (0, (self.SCALERS - 1) * H))              # scaled by 1
-        y = _rel_linear(torch.cat([mean, mx, std], -1), self.post_weight, bias, rel, flat.segments_per_rel)
+        y = rel_linear(torch.cat([mean, mx, std], -1), self.post_weight, bias, rel, flat.segments_per_rel)
         out = (y.view(n, self.SCALERS, H) * scale.unsqueeze(-1)).sum(1)
         agg = torch.zeros_like(x).index_add_(0, flat.nodes, out)
         # edge update: the first map's node blocks are applied per node, then gathered
         w1 = self.edge_weight1
-        pre = (_rel_linear(e, w1[:, :De], self.edge_bias1, rel, rows)
-               + _rel_linear(xs, w1[:, De:De + H], None, rel, flat.sources_per_rel).index_select(0, flat.src)
-               + _rel_linear(x.index_select(0, flat.nodes), w1[:, De + H:], None, rel,
+        pre = (rel_linear(e, w1[:, :De], self.edge_bias1, rel, rows)
+               + rel_linear(xs, w1[:, De:De + H], None, rel, flat.sources_per_rel).index_select(0, flat.src)
+               + rel_linear(x.index_select(0, flat.nodes), w1[:, De + H:], None, rel,
                              flat.segments_per_rel).index_select(0, flat.seg))
-        e = e + _rel_linear(nn.functional.silu(pre), self.edge_weight2, self.edge_bias2, rel, rows)
+        e = e + rel_linear(nn.functional.silu(pre), self.edge_weight2, self.edge_bias2, rel, rows)
         return self._update_nodes(flat, x, agg), e
 
-    def _update_nodes(self, flat: "FlatEdges", x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
+    def _update_nodes(self, flat: "StackedEdges", x: torch.Tensor, agg: torch.Tensor) -> torch.Tensor:
         xa = torch.cat([x, agg], -1)
         parts = []
         for t in NODE_TYPES:
@@ -298,7 +196,7 @@ def _stack_per_relation_weights(state: dict, prefix: str, etypes: Sequence[Canon
 
 
 @dataclass
-class FlatEdges:
+class StackedEdges:
     """Every relation's edges of a batched graph as one edge list, for RelationalPNALayer: edges
     grouped by relation (in the layer's relation order), each group in EdgeIndex order (by
     destination), and nodes numbered across node types (NODE_TYPES order). A segment is one
@@ -321,7 +219,7 @@ class FlatEdges:
     node_counts: dict[str, int]
 
 
-def flat_edges(g: dgl.DGLHeteroGraph, etypes: Sequence[CanonicalEtype], structure: dict) -> FlatEdges:
+def stacked_edges(g: dgl.DGLHeteroGraph, etypes: Sequence[CanonicalEtype], structure: dict) -> StackedEdges:
     counts = {t: g.num_nodes(t) for t in NODE_TYPES}
     offsets, total = {}, 0
     for t in NODE_TYPES:
@@ -351,7 +249,7 @@ def flat_edges(g: dgl.DGLHeteroGraph, etypes: Sequence[CanonicalEtype], structur
     def cat(parts, *shape, dtype=torch.long):
         return torch.cat(parts) if parts else torch.zeros(*shape, dtype=dtype, device=g.device)
     f = torch.float32
-    return FlatEdges(rel, torch.tensor(rel, dtype=torch.long, device=g.device), ne, nu, cat(sources, 0), ns, cat(src, 0),
+    return StackedEdges(rel, torch.tensor(rel, dtype=torch.long, device=g.device), ne, nu, cat(sources, 0), ns, cat(src, 0),
                      cat(seg, 0), cat(nodes, 0), cat(seg_rel, 0), cat(deg, 0, 1, dtype=f), cat(logd, 0, 1, dtype=f),
                      torch.stack(logd_mean) if logd_mean else torch.zeros(0, device=g.device), offsets, counts)
 
@@ -475,7 +373,7 @@ class NGGNN(nn.Module):
     def propagate(self, g, h: dict, e: dict, structure: dict) -> tuple[dict, dict]:
         """The metanetwork's own part: ``layers`` of message passing that update nodes and edges
         (here relational PNA with FiLM-modulated messages; NG-T overrides it with attention)."""
-        flat = flat_edges(g, self.cfg.etypes, structure)
+        flat = stacked_edges(g, self.cfg.etypes, structure)
         present = [et for et in self.cfg.etypes if et in structure]
         x = torch.cat([h[t] for t in NODE_TYPES], 0)
         ef = torch.cat([e[et] for et in present], 0) if present else None

@@ -8,7 +8,8 @@ from torch import nn
 
 from graphstore import duck
 from jobs.data import layer_stats, normalised_graph, select_models
-from jobs.ngnn import NGGNN, NGGNNConfig, _key, _segment_max, mlp
+from jobs.ngnn import NGGNN, NGGNNConfig, _key, mlp
+from jobs.relational_kernels import segment_max
 from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.vocabulary import NODE_TYPES
 
@@ -124,7 +125,7 @@ def test_a_stacked_state_round_trips(catalog_dir):
 def test_segment_max_gradient_goes_to_the_maximum_and_is_shared_on_ties():
     x = torch.tensor([[1.0, 5.0], [3.0, 5.0], [2.0, 0.0], [7.0, -1.0]], requires_grad=True)
     seg = torch.tensor([0, 0, 0, 1])
-    out = _segment_max(x, seg, 2)
+    out = segment_max(x, seg, 2)
     assert torch.equal(out, torch.tensor([[3.0, 5.0], [7.0, -1.0]]))
     out.backward(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
     assert torch.equal(x.grad, torch.tensor([[0.0, 1.0], [1.0, 1.0], [0.0, 0.0], [3.0, 4.0]]))
