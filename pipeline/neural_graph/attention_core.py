@@ -12,6 +12,16 @@ Which projection is which is read from the data flow: the query reaches the firs
 scores product, the key its second, the value the product with the softmax. A fused projection
 (GPT-2's ``c_attn``, split into three) gives row blocks of one parameter. GPT-2's ``Conv1D``
 stores its weight as (in, out): such ops are marked ``transposed``.
+
+A relative-position bias (Swin, MaxViT: ``scores[h, i, j] += T[index[i, j], h]``, a learned table
+``T`` of R relative offsets by H heads, read through a fixed index) is a learned parameter of the
+block, stored the way positional embeddings are: a layer of R relative-position neurons (inputs)
+joined to a layer of H bias neurons, one per head, by ``embedding`` edges of weight ``T[r, h]``;
+each bias neuron joins the query neurons of its head by an ``attn_bias`` edge (weight 1, no
+parameter: the bias is added to that head's scores). The index is architecture (computed from the
+window size), kept in the op, and given back by the inverse when it is a state-dict buffer. The
+window layout inside the block (padding, shifts by ``roll``, window partition, shift masks made
+from constants) moves tokens only: it makes no neurons; each ``roll`` is recorded as a step.
 """
 from __future__ import annotations
 
@@ -28,6 +38,9 @@ if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
 MATMUL_OPS = {aten.bmm.default, aten.mm.default}
 LINEAR_OPS = {aten.addmm.default, aten.mm.default, aten.linear.default}
 SPLIT_OPS = {aten.split.Tensor, aten.split_with_sizes.default}
+INDEX_OPS = {aten.index.Tensor}
+_VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.clone.default,
+             aten.flatten.using_ints}
 
 
 @dataclass
@@ -122,7 +135,8 @@ class AttentionCoreOps:
         late = [n for n in projections if after & (_ancestors(n, names) | {n.name})]
         early = [n for n in projections if n not in late]
         width = self.width(x)
-        heads = self._core_heads(blk, width)
+        rel = self._relative_bias_table(blk)
+        heads = int(self.state[rel[1]].shape[1]) if rel else self._core_heads(blk, width)
         layers = {}
         for p in early:
             wkey, bkey, transposed = self._projection(p)
@@ -169,16 +183,68 @@ class AttentionCoreOps:
                 op["transposed"] = True
             self.add_op(p, **op)
             out = dst
+        if rel:
+            self._relative_bias(rel, layers["q"], heads)
+        for n in blk.nodes:
+            if n.target is aten.roll.default:
+                self.steps.append({"step": "roll", "layer": layers["q"], "shifts": list(n.args[1]),
+                                   "dims": list(n.args[2]) if len(n.args) > 2 else []})
         for n in blk.nodes:                     # every parameter or buffer the block reads is accounted for
             for a in n.all_input_nodes:
                 if a.name in self.param_of and self.param_of[a.name] not in self.used_keys \
-                        and self.param_of[a.name] not in self.constant_keys:
+                        and self.param_of[a.name] not in self.constant_keys and self.param_of[a.name] in self.state:
                     raise self.unsupported(n, "attention that reads parameters other than its projections",
                                            self.param_of[a.name])
         result = type(x)(out, True, x.spatial)
         for n in blk.nodes:
             if any(u.name not in names for u in n.users):
                 self.vals[n.name] = result
+
+    def _relative_bias_table(self, blk: AttentionCore):
+        """(index node, table key, index key or None) of a learned (R, heads) table read through an
+        index inside the block, or None."""
+        found = None
+        for n in blk.nodes:
+            if n.target not in INDEX_OPS or not isinstance(n.args[0], torch.fx.Node):
+                continue
+            tkey = self.param_of.get(n.args[0].name)
+            if tkey is None or tkey not in self.state or tkey in self.constant_keys:
+                continue
+            idx = n.args[1]
+            src = idx[0] if len(idx) == 1 else None
+            while isinstance(src, torch.fx.Node) and src.target in _VIEW_OPS:
+                src = src.args[0]
+            ikey = self.param_of.get(src.name) if isinstance(src, torch.fx.Node) else None
+            if ikey is None or self.state[tkey].ndim != 2 or self.state[ikey].is_floating_point():
+                raise self.unsupported(n, "indexing a parameter other than a relative-position bias table",
+                                       f"{tkey} read through {getattr(src, 'name', src)}")
+            if found is not None:
+                raise self.unsupported(n, "attention with several relative-position bias tables")
+            found = (n, tkey, ikey)
+        return found
+
+    def _relative_bias(self, rel, q_layer: int, heads: int) -> None:
+        """Relative-position neurons -> one bias neuron per head -> that head's query neurons."""
+        node, tkey, ikey = rel
+        self.used_keys.update((tkey, ikey))
+        r = int(self.state[tkey].shape[0])
+        q_size = self.layers[q_layer].size
+        if q_size % heads:
+            raise self.unsupported(node, "relative-position bias whose heads do not divide the queries",
+                                   f"{heads} heads, {q_size} query neurons")
+        index = self.state[ikey]
+        pos = self.new_layer(r, "input")
+        bias = self.new_layer(heads, "attention_bias")
+        op = dict(kind="relative_position", relation="embedding", src_layer=pos, dst_layer=bias, weight_key=tkey,
+                  bias_key=None, weight_shape=[r, heads], param_shape=[r, heads], kernel=[1, 1],
+                  index=index.reshape(-1).tolist(), index_shape=list(index.shape),
+                  index_dtype=str(index.dtype).replace("torch.", ""))
+        if ikey not in self.constant_keys:
+            op["index_key"] = ikey           # a state-dict buffer: the inverse gives it back
+        self.add_op(node, **op)
+        d = q_size // heads
+        self.add_op(node, kind="attention_bias", relation="attn_bias", src_layer=bias,
+                    src_segments=[[bias, h, d, 0] for h in range(heads)], dst_layer=q_layer, kernel=[1, 1])
 
     def _split_order(self, proj, names, q_from, k_from, v_from) -> list[str]:
         """Roles of the chunks of a fused projection, in row order (read from its split's getitems)."""

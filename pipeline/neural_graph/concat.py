@@ -107,7 +107,13 @@ class ConcatOps:
             raise self.unsupported(node, "concatenation along an axis other than the neurons", f"dim={dim}")
         nmap = np.concatenate([self.neuron_map(v) for v in vals])
         if len({(a, b) for a, b in nmap.tolist()}) != len(nmap):
-            raise self.unsupported(node, "concatenation that repeats neurons")
+            # the same neurons at other positions (Swin's patch merging: four position slices side by
+            # side): a new layer of their values, one residual edge from each source neuron
+            dst = self.new_layer(len(nmap), "concat")
+            self.add_op(node, kind="residual", relation="residual", **source_of(nmap, [x.size for x in self.layers]),
+                        dst_layer=dst, kernel=[1, 1])
+            self.vals[node.name] = type(first)(dst, first.channels_last, first.spatial)
+            return
         self.vals[node.name] = self.from_map(nmap, first)
 
     def split(self, node) -> None:

@@ -18,6 +18,8 @@ aten = torch.ops.aten
 PERMUTE_OPS = (aten.permute.default,)
 RESTRIDE_OPS = (aten.as_strided.default,)
 SLICE_OPS = (aten.slice.Tensor,)
+PAD_OPS = (aten.constant_pad_nd.default,)
+ROLL_OPS = (aten.roll.default,)
 
 
 def _contiguous_strides(shape) -> list[int]:
@@ -75,4 +77,41 @@ class LayoutOps:
         if dim == neuron and self.axes(v) == 1 and v.folded is None and not v.tokens:
             self.vals[node.name] = self.from_map(self.neuron_map(v)[start:end:step], v)
             return
-        raise self.unsupported(node, "slice of positions", f"dim={dim} {start}:{end}:{step}")
+        if dim != neuron and dim != 0 and self.axes(v) == 1 and v.folded is None and not v.tokens:
+            self.keep_neurons(node, v, "slice_positions", dim=dim, start=start, end=end, every=step)
+            return
+        raise self.unsupported(node, "slice of the batch", f"dim={dim} {start}:{end}:{step}")
+
+    def pad(self, node) -> None:
+        """Zero padding of positions (``F.pad`` before a window partition or a patch merge)."""
+        x, pads = node.args[:2]
+        value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0.0)
+        v = self.val(node, x)
+        ndim = len(x.meta["val"].shape)
+        neuron = ndim - 1 if v.channels_last else 1
+        touched = [ndim - 1 - i // 2 for i, p in enumerate(pads) if p]
+        if value != 0 or neuron in touched or 0 in touched or v.folded is not None or v.tokens or self.axes(v) != 1:
+            raise self.unsupported(node, "padding other than zeros around positions", f"pad={list(pads)}")
+        if not touched:
+            self.vals[node.name] = v
+            return
+        self.keep_neurons(node, v, "pad_positions", pad=list(pads))
+
+    def roll(self, node) -> None:
+        """A cyclic shift of positions (Swin's shifted windows outside an attention block)."""
+        x, shifts = node.args[:2]
+        dims = list(node.args[2]) if len(node.args) > 2 else []
+        v = self.val(node, x)
+        ndim = len(x.meta["val"].shape)
+        neuron = ndim - 1 if v.channels_last else 1
+        if not dims or any(d % ndim in (0, neuron) for d in dims) or v.folded is not None or self.axes(v) != 1:
+            raise self.unsupported(node, "roll other than a shift of positions", f"shifts={list(shifts)} dims={dims}")
+        self.keep_neurons(node, v, "roll", shifts=list(shifts), dims=[d % ndim for d in dims])
+
+    def keep_neurons(self, node, v, step: str, **info) -> None:
+        """A layout step that moves or drops positions only: same neurons, new positions (recorded)."""
+        shape = tuple(int(s) for s in node.meta["val"].shape)
+        spatial = shape[1:-1] if v.channels_last else shape[2:]
+        for layer in self.layers_of(v):
+            self.steps.append({"step": step, "layer": layer, **info})
+        self.vals[node.name] = type(v)(v.layer, v.channels_last, spatial, None, nmap=v.nmap)

@@ -24,7 +24,7 @@ from pipeline.neural_graph.attention_core import AttentionCoreOps, attention_cor
 from pipeline.neural_graph.composite import CompositeOps, composite_activations
 from pipeline.neural_graph.concat import SPLIT_OPS, ConcatOps, layer_map, source_of, whole_layer
 from pipeline.neural_graph.gate import GateOps
-from pipeline.neural_graph.layout import PERMUTE_OPS, RESTRIDE_OPS, SLICE_OPS, LayoutOps
+from pipeline.neural_graph.layout import PAD_OPS, PERMUTE_OPS, RESTRIDE_OPS, ROLL_OPS, SLICE_OPS, LayoutOps
 from pipeline.neural_graph.tokens import EXPAND_OPS, SELECT_OPS, TokenOps
 from pipeline.neural_graph.vocabulary import aten_activations
 from zoocore.errors import UnsupportedModuleError
@@ -338,6 +338,10 @@ class _Tracer(ConcatOps, GateOps, LayoutOps, TokenOps, AttentionCoreOps, Composi
             return self.restride(node)
         if t in SLICE_OPS:
             return self.slice(node)
+        if t in PAD_OPS:
+            return self.pad(node)
+        if t in ROLL_OPS:
+            return self.roll(node)
         if t in EXPAND_OPS:
             return self.expand(node)
         if t in SELECT_OPS:
