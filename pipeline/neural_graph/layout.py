@@ -4,7 +4,10 @@
 ``(N, *S, C)`` (ConvNeXt's and Swin's LayerNorm over channels, ViT's patch tokens) moves the
 neuron axis without touching a value: the traced value keeps its neurons and spatial extent and
 only flips where its neuron axis is. Permutations that reorder the spatial axes among themselves
-(which would change what a later kernel sees) are refused. An ``as_strided`` that keeps the shape
+(MaxViT's window and grid partitions, ``view`` into windows then ``permute``) move tokens only:
+the neurons stay the channels, and the step (with its ``dims`` and ``positions``) is recorded in
+the plan, so the architecture signature tells two layouts apart. Zero padding of positions,
+slices of positions and ``roll`` (Swin's patch merging and shifted windows) are recorded steps too. An ``as_strided`` that keeps the shape
 and reads the tensor in its contiguous order (how a pooled ``(N, C, 1, 1)`` map is re-laid out)
 is the identity, and so is a slice that keeps a whole axis (``x[:, 0]`` exports as one); a slice
 of the neuron axis keeps those neurons.
@@ -46,11 +49,17 @@ class LayoutOps:
         neuron = ndim - 1 if v.channels_last else 1
         out_neuron = dims.index(neuron)
         spatial_order = [d for d in dims[1:] if d != neuron]
-        if spatial_order != sorted(spatial_order) or out_neuron not in (1, ndim - 1):
-            raise self.unsupported(node, "permute that reorders the positions", f"dims={dims}")
+        if out_neuron not in (1, ndim - 1):
+            raise self.unsupported(node, "permute that puts the neurons between positions", f"dims={dims}")
         channels_last = out_neuron == ndim - 1 and ndim > 2
-        self.steps.append({"step": "permute", "layer": self.layers_of(v)[0], "dims": dims})
-        self.vals[node.name] = type(v)(v.layer, channels_last, v.spatial, None, nmap=v.nmap)
+        step = {"step": "permute", "layer": self.layers_of(v)[0], "dims": dims}
+        spatial = v.spatial
+        if spatial_order != sorted(spatial_order):      # window / grid partitions, axis swaps: tokens move
+            step["positions"] = True
+            shape = tuple(int(s) for s in node.meta["val"].shape)
+            spatial = shape[1:-1] if channels_last or (ndim == 2) else shape[2:]
+        self.steps.append(step)
+        self.vals[node.name] = type(v)(v.layer, channels_last, spatial, None, nmap=v.nmap)
 
     def restride(self, node) -> None:
         x, size, stride = node.args[:3]

@@ -3,8 +3,9 @@ made from constants, patch merging) and MaxViT (window and grid partitions by vi
 squeeze-excitation MBConv). The bias table is a learned parameter of the attention block: R
 relative-position input neurons, one bias neuron per head, ``attn_bias`` edges into that head's
 query neurons; the graph inverts bit for bit and keeps the function under its symmetries."""
+import copy
+
 import numpy as np
-import pytest
 import torch
 from torchvision.models.maxvit import MaxVit
 from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
@@ -12,6 +13,7 @@ from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer,
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.convert import convert_module
 from pipeline.neural_graph.coverage import check_exact_inverse
+from pipeline.neural_graph.plan import architecture_signature
 from pipeline.neural_graph.symmetry import random_hidden_permutation, random_rescaling
 from pipeline.neural_graph.vocabulary import NODE_TYPES, RELATIONS
 from tests.pipeline.test_concat_gate import randomize
@@ -81,6 +83,13 @@ def test_swin_converts_with_its_relative_position_bias_and_keeps_its_function():
              and len(op["src_segments"]) == 4]
     assert len(merge) == 1 and sizes[merge[0]["dst_layer"]] == 32
     _keeps_function(conv, tiny_swin, x)
+    # the window layout is architecture: another index or another shift is another signature
+    plan = copy.deepcopy(conv.plan)
+    next(op for op in plan.ops if op["kind"] == "relative_position")["index"].reverse()
+    assert architecture_signature(plan) != conv.plan.signature
+    plan = copy.deepcopy(conv.plan)
+    next(s for s in plan.steps if s["step"] == "roll")["shifts"] = [1, 1]
+    assert architecture_signature(plan) != conv.plan.signature
 
 
 def test_maxvit_converts_with_window_and_grid_partitions_and_keeps_its_function():
@@ -91,16 +100,3 @@ def test_maxvit_converts_with_window_and_grid_partitions_and_keeps_its_function(
     assert any(op["relation"] == "gate" for op in ops)                       # squeeze-excitation
     assert any(s["step"] == "permute" and s.get("positions") for s in conv.plan.steps)
     _keeps_function(conv, tiny_maxvit, x)
-
-
-@pytest.mark.parametrize("make", [tiny_swin, tiny_maxvit])
-def test_the_window_layout_is_part_of_the_architecture(make):
-    """Two windowings of one parameter set differ in signature: the index and rolls are recorded."""
-    x = torch.randn(2, 3, 8 if make is tiny_swin else 16, 8 if make is tiny_swin else 16)
-    a = convert_module(make().eval(), x).plan
-    b = convert_module(make().eval(), x).plan
-    assert a.signature == b.signature
-    idx = next(op for op in a.ops if op["kind"] == "relative_position")
-    idx["index"] = idx["index"][::-1]
-    from pipeline.neural_graph.plan import architecture_signature
-    assert architecture_signature(a) != b.signature
