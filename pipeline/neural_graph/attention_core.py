@@ -13,21 +13,19 @@ scores product, the key its second, the value the product with the softmax. A fu
 (GPT-2's ``c_attn``, split into three) gives row blocks of one parameter. GPT-2's ``Conv1D``
 stores its weight as (in, out): such ops are marked ``transposed``.
 
-A relative-position bias (Swin, MaxViT: ``scores[h, i, j] += T[index[i, j], h]``, a learned table
-``T`` of R relative offsets by H heads, read through a fixed index) is a learned parameter of the
-block, stored the way positional embeddings are: a layer of R relative-position neurons (inputs)
-joined to a layer of H bias neurons, one per head, by ``embedding`` edges of weight ``T[r, h]``;
-each bias neuron joins the query neurons of its head by an ``attn_bias`` edge (weight 1, no
-parameter: the bias is added to that head's scores). The index is architecture (computed from the
-window size), kept in the op, and given back by the inverse when it is a state-dict buffer. The
-window layout inside the block (padding, shifts by ``roll``, window partition, shift masks made
-from constants) moves tokens only: it makes no neurons; each ``roll`` is recorded as a step.
+Windowed attention (Swin, MaxViT): the window layout inside the block (padding, shifts by
+``roll``, window partition, shift masks made from constants) moves tokens only and makes no
+neurons; each ``roll`` is recorded as a step. A relative-position bias and a logit scale are
+learned per-head score terms of the block (position_bias.py). A projection bias with rows zeroed
+at call time (Swin V2 ignores its key bias) keeps the parameter, with ``zeroed_bias_rows`` noted.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from pipeline.neural_graph.position_bias import PositionBiasOps
 
 aten = torch.ops.aten
 
@@ -38,9 +36,6 @@ if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
 MATMUL_OPS = {aten.bmm.default, aten.mm.default}
 LINEAR_OPS = {aten.addmm.default, aten.mm.default, aten.linear.default}
 SPLIT_OPS = {aten.split.Tensor, aten.split_with_sizes.default}
-INDEX_OPS = {aten.index.Tensor}
-_VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.clone.default,
-             aten.flatten.using_ints}
 
 
 @dataclass
@@ -85,7 +80,7 @@ def _ancestors(node, names: set) -> set:
     return out
 
 
-class AttentionCoreOps:
+class AttentionCoreOps(PositionBiasOps):
     """Tracer handler for AttentionCore blocks (mixed into plan._Tracer)."""
 
     def _is_projection(self, node) -> bool:
@@ -103,10 +98,28 @@ class AttentionCoreOps:
             b, (_, wt) = None, node.args
         else:
             _, wt, b = (list(node.args) + [None])[:3]
-            return self.key(wt), self.key(b), False
+            return self.key(wt), self._bias_key(b), False
         if isinstance(wt, torch.fx.Node) and wt.target is aten.t.default:
-            return self.key(wt.args[0]), self.key(b), False
-        return self.key(wt), self.key(b), True
+            return self.key(wt.args[0]), self._bias_key(b), False
+        return self.key(wt), self._bias_key(b), True
+
+    def _bias_key(self, b) -> str | None:
+        """The parameter behind a projection's bias, also when rows of a copy of it are zeroed first
+        (``b.clone()[k0:k1].zero_()``: exported as a slice_scatter of zeros into the clone)."""
+        if isinstance(b, torch.fx.Node) and b.target is aten.slice_scatter.default:
+            base, src = b.args[0], b.args[1]
+            while isinstance(src, torch.fx.Node) and src.target not in (aten.zero.default, aten.zeros_like.default):
+                src = src.args[0] if src.args and isinstance(src.args[0], torch.fx.Node) else None
+            while isinstance(base, torch.fx.Node) and base.target is aten.clone.default:
+                base = base.args[0]
+            key = self.key(base)
+            dim = b.args[2] if len(b.args) > 2 else 0
+            if src is None or key is None or dim != 0:
+                raise self.unsupported(b, "projection bias computed other than by zeroing rows of a parameter")
+            start, end = (list(b.args[3:5]) + [None, None])[:2]
+            self._zeroed_rows = [int(start or 0), int(end if end is not None else self.state[key].shape[0])]
+            return key
+        return self.key(b)
 
     def attention_core(self, node, blk: AttentionCore) -> None:
         names = blk.names
@@ -131,14 +144,16 @@ class AttentionCoreOps:
             k_from = _ancestors(s.args[1], names) | {s.args[1].name}
             v_from = _ancestors(ctx.args[1], names) | {ctx.args[1].name}
             after = {ctx.name}
-        projections = [n for n in blk.nodes if self._is_projection(n)]
+        pb = self.find_position_bias(blk)
+        inner = {n.name for n in pb.mlp} if pb else set()
+        projections = [n for n in blk.nodes if self._is_projection(n) and n.name not in inner]
         late = [n for n in projections if after & (_ancestors(n, names) | {n.name})]
         early = [n for n in projections if n not in late]
         width = self.width(x)
-        rel = self._relative_bias_table(blk)
-        heads = int(self.state[rel[1]].shape[1]) if rel else self._core_heads(blk, width)
+        heads = pb.heads if pb else self._core_heads(blk, width)
         layers = {}
         for p in early:
+            self._zeroed_rows = None
             wkey, bkey, transposed = self._projection(p)
             if wkey is None:
                 raise self.unsupported(p, "attention projection whose weight is not a parameter")
@@ -163,6 +178,8 @@ class AttentionCoreOps:
                     op.update(rows=rows, param_shape=shape)
                 if transposed:
                     op["transposed"] = True
+                if self._zeroed_rows is not None:
+                    op["zeroed_bias_rows"] = self._zeroed_rows
                 self.add_op(p, **op)
                 layers[role] = dst
         if set(layers) != {"q", "k", "v"}:
@@ -183,8 +200,9 @@ class AttentionCoreOps:
                 op["transposed"] = True
             self.add_op(p, **op)
             out = dst
-        if rel:
-            self._relative_bias(rel, layers["q"], heads)
+        if pb:
+            self.position_bias_ops(pb, layers["q"])
+        self.logit_scale_ops(blk, layers["q"], heads)
         for n in blk.nodes:
             if n.target is aten.roll.default:
                 self.steps.append({"step": "roll", "layer": layers["q"], "shifts": list(n.args[1]),
@@ -199,52 +217,6 @@ class AttentionCoreOps:
         for n in blk.nodes:
             if any(u.name not in names for u in n.users):
                 self.vals[n.name] = result
-
-    def _relative_bias_table(self, blk: AttentionCore):
-        """(index node, table key, index key or None) of a learned (R, heads) table read through an
-        index inside the block, or None."""
-        found = None
-        for n in blk.nodes:
-            if n.target not in INDEX_OPS or not isinstance(n.args[0], torch.fx.Node):
-                continue
-            tkey = self.param_of.get(n.args[0].name)
-            if tkey is None or tkey not in self.state or tkey in self.constant_keys:
-                continue
-            idx = n.args[1]
-            src = idx[0] if len(idx) == 1 else None
-            while isinstance(src, torch.fx.Node) and src.target in _VIEW_OPS:
-                src = src.args[0]
-            ikey = self.param_of.get(src.name) if isinstance(src, torch.fx.Node) else None
-            if ikey is None or self.state[tkey].ndim != 2 or self.state[ikey].is_floating_point():
-                raise self.unsupported(n, "indexing a parameter other than a relative-position bias table",
-                                       f"{tkey} read through {getattr(src, 'name', src)}")
-            if found is not None:
-                raise self.unsupported(n, "attention with several relative-position bias tables")
-            found = (n, tkey, ikey)
-        return found
-
-    def _relative_bias(self, rel, q_layer: int, heads: int) -> None:
-        """Relative-position neurons -> one bias neuron per head -> that head's query neurons."""
-        node, tkey, ikey = rel
-        self.used_keys.update((tkey, ikey))
-        r = int(self.state[tkey].shape[0])
-        q_size = self.layers[q_layer].size
-        if q_size % heads:
-            raise self.unsupported(node, "relative-position bias whose heads do not divide the queries",
-                                   f"{heads} heads, {q_size} query neurons")
-        index = self.state[ikey]
-        pos = self.new_layer(r, "input")
-        bias = self.new_layer(heads, "attention_bias")
-        op = dict(kind="relative_position", relation="embedding", src_layer=pos, dst_layer=bias, weight_key=tkey,
-                  bias_key=None, weight_shape=[r, heads], param_shape=[r, heads], kernel=[1, 1],
-                  index=index.reshape(-1).tolist(), index_shape=list(index.shape),
-                  index_dtype=str(index.dtype).replace("torch.", ""))
-        if ikey not in self.constant_keys:
-            op["index_key"] = ikey           # a state-dict buffer: the inverse gives it back
-        self.add_op(node, **op)
-        d = q_size // heads
-        self.add_op(node, kind="attention_bias", relation="attn_bias", src_layer=bias,
-                    src_segments=[[bias, h, d, 0] for h in range(heads)], dst_layer=q_layer, kernel=[1, 1])
 
     def _split_order(self, proj, names, q_from, k_from, v_from) -> list[str]:
         """Roles of the chunks of a fused projection, in row order (read from its split's getitems)."""

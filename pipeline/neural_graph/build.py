@@ -218,9 +218,8 @@ def state_dict_from_graph(graph: NeuralGraph) -> dict[str, torch.Tensor]:
             else:
                 weight = weight.T if op.get("transposed") else weight
                 out[op["weight_key"]] = torch.from_numpy(np.ascontiguousarray(weight))
-        if op.get("index_key"):             # a relative-position index: architecture, kept in the op
-            out[op["index_key"]] = torch.tensor(op["index"], dtype=getattr(torch, op["index_dtype"])).reshape(
-                op["index_shape"])
+        for key, buf in op.get("buffers", {}).items():     # fixed tables kept in the op (position_bias.py)
+            out[key] = torch.tensor(buf["values"], dtype=getattr(torch, buf["dtype"])).reshape(buf["shape"])
         if op.get("bias_key"):
             b = torch.from_numpy(graph.bias[do:do + c].copy())
             if "rows" in op:

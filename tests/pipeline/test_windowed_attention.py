@@ -67,7 +67,8 @@ def test_swin_converts_with_its_relative_position_bias_and_keeps_its_function():
     for op, heads in zip(tables, [2, 2, 4, 4]):
         assert sizes[op["src_layer"]] == 9 and sizes[op["dst_layer"]] == heads      # (2*2-1)^2 offsets
         assert (g.node_type[g.node_layer == op["src_layer"]] == NODE_TYPES.index("input")).all()
-        assert op["index_key"].endswith("relative_position_index") and len(op["index"]) == 16
+        (key, index), = op["buffers"].items()
+        assert key.endswith("relative_position_index") and index["shape"] == [16] and index["dtype"] == "int64"
     # each bias neuron reaches exactly the query neurons of its head
     bias = [op for op in ops if op["kind"] == "attention_bias"]
     assert [int((g.relation == RELATIONS.index("attn_bias"))[g.edge_op == ops.index(op)].sum()) for op in bias] \
@@ -85,11 +86,35 @@ def test_swin_converts_with_its_relative_position_bias_and_keeps_its_function():
     _keeps_function(conv, tiny_swin, x)
     # the window layout is architecture: another index or another shift is another signature
     plan = copy.deepcopy(conv.plan)
-    next(op for op in plan.ops if op["kind"] == "relative_position")["index"].reverse()
+    next(iter(next(op for op in plan.ops if op["kind"] == "relative_position")["buffers"].values()))["values"].reverse()
     assert architecture_signature(plan) != conv.plan.signature
     plan = copy.deepcopy(conv.plan)
     next(s for s in plan.steps if s["step"] == "roll")["shifts"] = [1, 1]
     assert architecture_signature(plan) != conv.plan.signature
+
+
+def test_swin_v2_writes_its_position_bias_mlp_and_logit_scale_as_neurons():
+    """V2: cosine attention with a learned per-head logit scale, and the bias computed by an MLP
+    (2 coordinates -> 512 relu -> heads, then 16 * sigmoid) from a fixed coordinate table."""
+    x = torch.randn(2, 3, 8, 8)
+    conv = _convert(tiny_swin_v2, x)
+    g, ops, sizes = conv.graph, conv.plan.ops, conv.graph.layer_sizes()
+    scales = [op for op in ops if op["kind"] == "logit_scale"]
+    assert [int(sizes[op["dst_layer"]]) for op in scales] == [2, 2, 4, 4]
+    assert [int(sizes[op["src_layer"]]) for op in scales] == [1] * 4
+    assert sum(op["relation"] == "attn_scale" for op in ops) == 4
+    bias = [op for op in ops if op["kind"] == "attention_bias"]
+    assert [op["scale"] for op in bias] == [16.0] * 4
+    for op in bias:
+        assert g.layer_activation[op["src_layer"]] == "sigmoid"
+    mlp = [op for op in ops if op["kind"] == "linear" and ".cpb_mlp." in op["weight_key"]]
+    assert len(mlp) == 8 and "buffers" in mlp[0] and "buffers" in mlp[1]      # coordinates, index
+    hidden = mlp[0]["dst_layer"]
+    assert sizes[hidden] == 512 and g.layer_activation[hidden] == "relu" and sizes[mlp[0]["src_layer"]] == 2
+    # the key rows of the fused qkv bias are zeroed at call time; the parameter still round-trips
+    k = [op for op in ops if op["relation"] == "attn_k"]
+    assert all(op["zeroed_bias_rows"] == op["rows"] for op in k)
+    _keeps_function(conv, tiny_swin_v2, x)
 
 
 def test_maxvit_converts_with_window_and_grid_partitions_and_keeps_its_function():
