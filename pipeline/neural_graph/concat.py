@@ -107,6 +107,8 @@ class ConcatOps:
             raise self.unsupported(node, "concatenation along an axis other than the neurons", f"dim={dim}")
         nmap = np.concatenate([self.neuron_map(v) for v in vals])
         if len({(a, b) for a, b in nmap.tolist()}) != len(nmap):
+            if len({t.name for t in tensors}) != len(tensors):
+                raise self.unsupported(node, "concatenation that repeats neurons")
             # the same neurons at other positions (Swin's patch merging: four position slices side by
             # side): a new layer of their values, one residual edge from each source neuron
             dst = self.new_layer(len(nmap), "concat")
