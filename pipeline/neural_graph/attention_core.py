@@ -130,12 +130,14 @@ class AttentionCoreOps(PositionBiasOps):
                                    f"{len(neurons)} neuron inputs")
         (x_name, x), = neurons.items()
         core = blk.core
+        pb = self.find_position_bias(blk)
+        inner = {n.name for n in pb.mlp} if pb else set()       # a position-bias MLP's products are not scores
         if core.target in SDPA_OPS:
             q_from, k_from, v_from = (_ancestors(core.args[i], names) | {core.args[i].name} for i in range(3))
             after = {core.name}
         else:
             scores = [blk.nodes[i] for i in range(len(blk.nodes)) if blk.nodes[i].target in MATMUL_OPS
-                      and blk.nodes[i].name in _ancestors(core, names)]
+                      and blk.nodes[i].name in _ancestors(core, names) and blk.nodes[i].name not in inner]
             users = [n for n in blk.nodes if n.target in MATMUL_OPS and core.name in _ancestors(n, names)]
             if not scores or not users:
                 raise self.unsupported(core, "softmax that is not between a scores product and a weighted sum")
@@ -144,8 +146,6 @@ class AttentionCoreOps(PositionBiasOps):
             k_from = _ancestors(s.args[1], names) | {s.args[1].name}
             v_from = _ancestors(ctx.args[1], names) | {ctx.args[1].name}
             after = {ctx.name}
-        pb = self.find_position_bias(blk)
-        inner = {n.name for n in pb.mlp} if pb else set()
         projections = [n for n in blk.nodes if self._is_projection(n) and n.name not in inner]
         late = [n for n in projections if after & (_ancestors(n, names) | {n.name})]
         early = [n for n in projections if n not in late]

@@ -6,6 +6,7 @@ query neurons; the graph inverts bit for bit and keeps the function under its sy
 import copy
 
 import numpy as np
+import pytest
 import torch
 from torchvision.models.maxvit import MaxVit
 from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
@@ -125,3 +126,24 @@ def test_maxvit_converts_with_window_and_grid_partitions_and_keeps_its_function(
     assert any(op["relation"] == "gate" for op in ops)                       # squeeze-excitation
     assert any(s["step"] == "permute" and s.get("positions") for s in conv.plan.steps)
     _keeps_function(conv, tiny_maxvit, x)
+
+
+@pytest.mark.parametrize("name", ["SwinModel", "Swinv2Model"])
+def test_hugging_face_swin_converts_with_its_shifts_outside_the_attention_block(name):
+    """Hugging Face's Swin rolls and partitions the tokens in the layer, outside the attention module:
+    the rolls are followed as layout steps of the channel neurons."""
+    transformers = pytest.importorskip("transformers")
+    from tests.pipeline.test_transformers import LastHidden
+
+    def make():
+        torch.manual_seed(0)
+        cfg = getattr(transformers, name.replace("Model", "Config"))(
+            image_size=16, patch_size=2, embed_dim=8, depths=[2, 2], num_heads=[2, 4], window_size=2, num_channels=3)
+        return LastHidden(getattr(transformers, name)(cfg, add_pooling_layer=False))
+
+    make.__name__ = name
+    x = torch.randn(2, 3, 16, 16)
+    conv = _convert(make, x)
+    assert [s["shifts"] for s in conv.plan.steps if s["step"] == "roll"][:2] == [[-1, -1], [1, 1]]
+    assert sum(op["kind"] == "attention_bias" for op in conv.plan.ops) == 4
+    _keeps_function(conv, make, x)
