@@ -10,6 +10,11 @@ An operation that reads such a value records where its inputs come from as ``src
 runs ``[layer, start, count, step]`` whose neurons, in order, are the operation's input
 channels; ``src_layer`` is then the first run's layer. Without ``src_segments`` an operation
 reads the whole of ``src_layer``, in order.
+
+Operands that hold the same neurons at different positions (Swin's patch merging puts four
+position slices of one map side by side) cannot share their neurons: their concatenation is a new
+neuron layer, joined to its sources by one ``residual`` edge per neuron. The same tensor
+concatenated with itself is refused.
 """
 from __future__ import annotations
 
