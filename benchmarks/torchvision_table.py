@@ -18,6 +18,9 @@ for name in names:
     row = check_builder(name)
     note = row.reason.split("unsupported module at ")[-1] if row.status == "unsupported" else (
         "" if row.materialised else "counted from the plan (not inverted: one operation exceeds the check's memory budget)")
+    if row.unread:
+        note = (note + "; " if note else "") + f"{len(row.unread)} state entries the evaluated network never reads " \
+            f"(e.g. {row.unread[0]}) are not in the graph"
     print(f"| {name} | {row.status} | {row.params:,} | {row.nodes or ''} | {row.edges or ''} | {note} |", flush=True)
     rows.append(row)
 ok = sum(r.status == "converts" for r in rows)

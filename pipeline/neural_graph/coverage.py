@@ -14,7 +14,7 @@ with one operation larger than that on its own is counted from the plan and not 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -40,6 +40,7 @@ class CoverageRow:
     edges: int | None = None
     materialised: bool = False          # graph built (in parts), counts and exact inverse checked
     parts: int = 0                      # how many parts the graph was built in
+    unread: list[str] = field(default_factory=list)   # state entries the evaluated network never reads
     reason: str = ""
 
 
@@ -66,14 +67,24 @@ def check_builder(name: str, image: int = 64) -> CoverageRow:
     import torchvision
 
     model = torchvision.models.get_model(name, weights=None).eval()
-    params = sum(p.numel() for p in model.parameters())
     size = 224 if name.startswith(("vit", "swin", "maxvit")) else 299 if name == "inception_v3" else image
+    return check_module(name, model, torch.randn(2, 3, size, size))
+
+
+def check_module(name: str, model: torch.nn.Module, example: torch.Tensor) -> CoverageRow:
+    """Convert ``model`` on ``example`` and check its counts and exact inverse (see check_plan)."""
+    params = sum(p.numel() for p in model.parameters())
     try:
-        plan = plan_from_module(model, torch.randn(2, 3, size, size))
+        plan = plan_from_module(model, example)
     except UnsupportedModuleError as exc:
         return CoverageRow(name, "unsupported", params, reason=str(exc))
     state = dict(model.state_dict())
-    return check_plan(name, plan, state, params)
+    # GoogLeNet's and Inception's auxiliary classifiers run in training only: the traced (evaluation)
+    # network never reads them, so they are not in its graph, and the inverse gives back the rest
+    unread = sorted(set(state) - set(plan.state_keys))
+    row = check_plan(name, plan, {k: state[k] for k in plan.state_keys}, params)
+    row.unread = unread
+    return row
 
 
 def op_parts(plan, budget: int = MAX_FEATURE_FLOATS) -> list[list[int]] | None:

@@ -40,3 +40,26 @@ def test_the_inverse_is_checked_in_parts_within_the_memory_budget():
     assert (split.nodes, split.edges) == (whole.nodes, whole.edges)
     assert op_parts(plan, budget - 1) is None
     assert not check_plan("swin", plan, state, budget=budget - 1).materialised
+
+
+class AuxNet(__import__("torch").nn.Module):
+    """A head that runs in training only (GoogLeNet's and Inception's auxiliary classifiers)."""
+
+    def __init__(self):
+        super().__init__()
+        from torch import nn
+        self.body, self.head, self.aux = nn.Linear(4, 8), nn.Linear(8, 2), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.body(x).relu()
+        return self.head(h) + self.aux(h) if self.training else self.head(h)
+
+
+def test_entries_the_evaluated_network_never_reads_are_named_not_inverted():
+    import torch
+
+    from pipeline.neural_graph.coverage import check_module
+
+    row = check_module("aux", AuxNet().eval(), torch.randn(2, 4))
+    assert row.status == "converts" and row.materialised
+    assert row.unread == ["aux.bias", "aux.weight"]
