@@ -152,7 +152,8 @@ class PositionBiasOps:
         if first or self.layers[layer].size != pb.heads:
             raise self.unsupported(pb.index, "position-bias MLP whose output is not one value per head")
         self.layers[layer].kind = "attention_bias"
-        self.ops[-1].setdefault(where, {}).update(entry)
+        last = self.ops[-1]
+        last[where] = {**(last.get(where) or {}), **entry}
         return layer
 
     def _bias_transform(self, index, bias: int) -> dict:

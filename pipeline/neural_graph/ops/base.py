@@ -37,6 +37,10 @@ class OpKind(StrEnum):
     GATE = "gate"
     SCALE = "scale"
     GROUP_NORM = "group_norm"
+    RELATIVE_POSITION = "relative_position"
+    LOGIT_SCALE = "logit_scale"
+    ATTENTION_BIAS = "attention_bias"
+    ATTENTION_SCALE = "attention_scale"
 
 
 def optional(default=None):
@@ -70,7 +74,11 @@ def node_shape(node) -> tuple[int, ...]:
 class Op:
     """One operation of a plan: where it reads (``src_layer``, or ``src_segments`` for a
     concatenation), where it writes (``dst_layer``), its edge relation and kernel extent, and the
-    module ``path`` it was traced from."""
+    module ``path`` it was traced from. ``buffers``: fixed integer or float tables the operation
+    reads (a relative-position index, a coordinate table), kept in the plan as ``{key: {"values",
+    "shape", "dtype"}}`` because they are architecture; the inverse writes them back
+    (``invert_buffers``). ``constants``: the same for tables that are not state-dict entries
+    (non-persistent buffers), kept for the signature and never written back."""
 
     kind: ClassVar[OpKind]
     diagonal: ClassVar[bool] = False
@@ -80,6 +88,8 @@ class Op:
     kernel: list[int]
     path: str = ""
     src_segments: list[list[int]] | None = optional()
+    buffers: dict[str, dict[str, Any]] | None = optional()
+    constants: dict[str, dict[str, Any]] | None = optional()
 
     # ------------------------------------------------------------------ the plan JSON's dict
     def to_dict(self) -> dict[str, Any]:
@@ -157,6 +167,11 @@ class Op:
         key = getattr(self, "bias_key", None)
         if key:
             out[key] = b
+
+    def invert_buffers(self, out: dict) -> None:
+        """Write back the state-dict tables kept in the plan (``buffers``), bit for bit."""
+        for key, buf in (self.buffers or {}).items():
+            out[key] = torch.tensor(buf["values"], dtype=getattr(torch, buf["dtype"])).reshape(buf["shape"])
 
     # ------------------------------------------------------------------ symmetries
     def permutation_ties(self, sizes) -> tuple[list[tuple[int, int]], set[int]]:
