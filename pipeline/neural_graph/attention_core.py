@@ -103,6 +103,18 @@ class AttentionCoreOps(PositionBiasOps):
             return self.key(wt.args[0]), self._bias_key(b), False
         return self.key(wt), self._bias_key(b), True
 
+    def _projection_shape(self, node, in_size: int, what: str, mismatch: str):
+        """(weight key, bias key, transposed, parameter shape, out features, in features) of a
+        projection that must read ``in_size`` neurons (``what`` it is, ``mismatch`` when it does not)."""
+        wkey, bkey, transposed = self._projection(node)
+        if wkey is None:
+            raise self.unsupported(node, f"{what} whose weight is not a parameter")
+        shape = [int(s) for s in self.state[wkey].shape]
+        out_f, in_f = (shape[1], shape[0]) if transposed else (shape[0], shape[1])
+        if in_f != in_size:
+            raise self.unsupported(node, f"{what} {mismatch}", f"{in_f} inputs, {in_size} neurons")
+        return wkey, bkey, transposed, shape, out_f, in_f
+
     def _bias_key(self, b) -> str | None:
         """The parameter behind a projection's bias, also when rows of a copy of it are zeroed first
         (``b.clone()[k0:k1].zero_()``: exported as a slice_scatter of zeros into the clone)."""
@@ -154,13 +166,8 @@ class AttentionCoreOps(PositionBiasOps):
         layers = {}
         for p in early:
             self._zeroed_rows = None
-            wkey, bkey, transposed = self._projection(p)
-            if wkey is None:
-                raise self.unsupported(p, "attention projection whose weight is not a parameter")
-            shape = [int(s) for s in self.state[wkey].shape]
-            out_f, in_f = (shape[1], shape[0]) if transposed else (shape[0], shape[1])
-            if in_f != width:
-                raise self.unsupported(p, "attention projection whose inputs do not match the neurons")
+            wkey, bkey, transposed, shape, out_f, in_f = self._projection_shape(
+                p, width, "attention projection", "whose inputs do not match the neurons")
             roles = [r for r, src in (("q", q_from), ("k", k_from), ("v", v_from)) if p.name in src]
             if len(roles) == 1:
                 parts = [(roles[0], None)]
@@ -188,11 +195,8 @@ class AttentionCoreOps(PositionBiasOps):
         if len(late) > 1:
             raise self.unsupported(late[1], "attention with several output projections")
         for p in late:
-            wkey, bkey, transposed = self._projection(p)
-            shape = [int(s) for s in self.state[wkey].shape]
-            out_f, in_f = (shape[1], shape[0]) if transposed else (shape[0], shape[1])
-            if in_f != self.layers[out].size:
-                raise self.unsupported(p, "attention output projection that does not read the values")
+            wkey, bkey, transposed, _, out_f, in_f = self._projection_shape(
+                p, self.layers[out].size, "attention output projection", "that does not read the values")
             dst = self.new_layer(out_f, "attention_out")
             op = dict(kind="linear", relation="attn_o", src_layer=out, dst_layer=dst, weight_key=wkey, bias_key=bkey,
                       weight_shape=[out_f, in_f], kernel=[1, 1], groups=1, heads=heads)

@@ -128,11 +128,8 @@ class PositionBiasOps:
         first = True
         for n in pb.mlp:
             if self._is_projection(n):
-                wkey, bkey, transposed = self._projection(n)
-                shape = [int(s) for s in self.state[wkey].shape]
-                out_f, in_f = (shape[1], shape[0]) if transposed else (shape[0], shape[1])
-                if in_f != self.layers[layer].size:
-                    raise self.unsupported(n, "position-bias MLP whose layers do not chain")
+                wkey, bkey, transposed, _, out_f, in_f = self._projection_shape(
+                    n, self.layers[layer].size, "position-bias MLP layer", "that does not read the layer before it")
                 dst = self.new_layer(out_f, "linear")
                 op = dict(kind="linear", relation="linear", src_layer=layer, dst_layer=dst, weight_key=wkey,
                           bias_key=bkey, weight_shape=[out_f, in_f], kernel=[1, 1], groups=1)

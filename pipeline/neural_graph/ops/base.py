@@ -7,7 +7,8 @@ record also answers ``op["key"]`` / ``op.get("key")`` like that dict, for reader
 conversion (alignment, merging, tests) that only look fields up.
 
 Two families share their edge rules: ``DiagonalOp`` (channel c -> channel c, one edge per
-destination neuron: norms, residual sums, gates) and ``DenseOp`` (a weight tensor read as
+destination neuron: norms, residual sums, gates; ``UnitOp`` when the weight is 1 and no
+parameter) and ``DenseOp`` (a weight tensor read as
 (out, in-per-group, kh, kw) blocks: linear, conv, embeddings).
 """
 from __future__ import annotations
@@ -228,6 +229,18 @@ class DiagonalOp(Op):
         if self.src_segments is not None:
             return [], set(source_layers(self) + [self.dst_layer])
         return [(self.src_layer, self.dst_layer)], set()
+
+
+@dataclass(kw_only=True)
+class UnitOp(DiagonalOp):
+    """Diagonal edges of weight 1 that carry no parameter of the network (residual sums, gates, a
+    head's score term into its queries): no incoming coefficient, and a summary naming the sources."""
+
+    def incoming(self, w, dst, extra):
+        return None
+
+    def describe(self, sizes) -> str:
+        return f"{self.kind.value}({'+'.join(str(s) for s in source_layers(self))}->{self.dst_layer})"
 
 
 @dataclass(kw_only=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.neural_graph.concat import source_layers
-from pipeline.neural_graph.ops.base import DiagonalOp, OpKind, optional, register
+from pipeline.neural_graph.ops.base import OpKind, UnitOp, optional, register
 from pipeline.neural_graph.ops.embedding import EmbeddingTable
 
 
@@ -34,18 +34,12 @@ class LogitScale(EmbeddingTable):
 
 
 @dataclass(kw_only=True)
-class PerHeadTerm(DiagonalOp):
+class PerHeadTerm(UnitOp):
     """A head's neuron joined to each query neuron of that head by an edge of weight 1."""
 
     def scaling_ties(self):
         # the edge carries no parameter to absorb a factor, and the queries keep their head structure
         return [], set(source_layers(self) + [self.dst_layer])
-
-    def incoming(self, w, dst, extra):
-        return None
-
-    def describe(self, sizes) -> str:
-        return f"{self.kind.value}({'+'.join(str(s) for s in source_layers(self))}->{self.dst_layer})"
 
 
 @dataclass(kw_only=True)
