@@ -124,4 +124,5 @@ def state_dict_from_graph(graph: NeuralGraph) -> dict[str, torch.Tensor]:
         inputs = None if op.diagonal else source_nodes(op, offsets, sizes)
         op.invert(out, w, dst, c, graph=graph, e=e, do=do, inputs=inputs, local=local, frame=(Kh, Kw), i=i)
         op.invert_bias(out, torch.from_numpy(graph.bias[do:do + c].copy()))
+        op.invert_buffers(out)
     return out

@@ -10,6 +10,11 @@ An operation that reads such a value records where its inputs come from as ``src
 runs ``[layer, start, count, step]`` whose neurons, in order, are the operation's input
 channels; ``src_layer`` is then the first run's layer. Without ``src_segments`` an operation
 reads the whole of ``src_layer``, in order.
+
+Operands that hold the same neurons at different positions (Swin's patch merging puts four
+position slices of one map side by side) cannot share their neurons: their concatenation is a new
+neuron layer, joined to its sources by one ``residual`` edge per neuron. The same tensor
+concatenated with itself is refused.
 """
 from __future__ import annotations
 
@@ -107,7 +112,15 @@ class ConcatOps:
             raise self.unsupported(node, "concatenation along an axis other than the neurons", f"dim={dim}")
         nmap = np.concatenate([self.neuron_map(v) for v in vals])
         if len({(a, b) for a, b in nmap.tolist()}) != len(nmap):
-            raise self.unsupported(node, "concatenation that repeats neurons")
+            if len({t.name for t in tensors}) != len(tensors):
+                raise self.unsupported(node, "concatenation that repeats neurons")
+            # the same neurons at other positions (Swin's patch merging: four position slices side by
+            # side): a new layer of their values, one residual edge from each source neuron
+            dst = self.new_layer(len(nmap), "concat")
+            self.add_op(node, kind="residual", relation="residual", **source_of(nmap, [x.size for x in self.layers]),
+                        dst_layer=dst, kernel=[1, 1])
+            self.vals[node.name] = type(first)(dst, first.channels_last, first.spatial)
+            return
         self.vals[node.name] = self.from_map(nmap, first)
 
     def split(self, node) -> None:

@@ -4,7 +4,10 @@
 ``(N, *S, C)`` (ConvNeXt's and Swin's LayerNorm over channels, ViT's patch tokens) moves the
 neuron axis without touching a value: the traced value keeps its neurons and spatial extent and
 only flips where its neuron axis is. Permutations that reorder the spatial axes among themselves
-(which would change what a later kernel sees) are refused. An ``as_strided`` that keeps the shape
+(MaxViT's window and grid partitions, ``view`` into windows then ``permute``) move tokens only:
+the neurons stay the channels, and the step (with its ``dims`` and ``positions``) is recorded in
+the plan, so the architecture signature tells two layouts apart. Zero padding of positions,
+slices of positions and ``roll`` (Swin's patch merging and shifted windows) are recorded steps too. An ``as_strided`` that keeps the shape
 and reads the tensor in its contiguous order (how a pooled ``(N, C, 1, 1)`` map is re-laid out)
 is the identity, and so is a slice that keeps a whole axis (``x[:, 0]`` exports as one); a slice
 of the neuron axis keeps those neurons.
@@ -18,6 +21,8 @@ aten = torch.ops.aten
 PERMUTE_OPS = (aten.permute.default,)
 RESTRIDE_OPS = (aten.as_strided.default,)
 SLICE_OPS = (aten.slice.Tensor,)
+PAD_OPS = (aten.constant_pad_nd.default,)
+ROLL_OPS = (aten.roll.default,)
 
 
 def _contiguous_strides(shape) -> list[int]:
@@ -44,11 +49,17 @@ class LayoutOps:
         neuron = ndim - 1 if v.channels_last else 1
         out_neuron = dims.index(neuron)
         spatial_order = [d for d in dims[1:] if d != neuron]
-        if spatial_order != sorted(spatial_order) or out_neuron not in (1, ndim - 1):
-            raise self.unsupported(node, "permute that reorders the positions", f"dims={dims}")
+        if out_neuron not in (1, ndim - 1):
+            raise self.unsupported(node, "permute that puts the neurons between positions", f"dims={dims}")
         channels_last = out_neuron == ndim - 1 and ndim > 2
-        self.steps.append({"step": "permute", "layer": self.layers_of(v)[0], "dims": dims})
-        self.vals[node.name] = type(v)(v.layer, channels_last, v.spatial, None, nmap=v.nmap)
+        step = {"step": "permute", "layer": self.layers_of(v)[0], "dims": dims}
+        spatial = v.spatial
+        if spatial_order != sorted(spatial_order):      # window / grid partitions, axis swaps: tokens move
+            step["positions"] = True
+            shape = tuple(int(s) for s in node.meta["val"].shape)
+            spatial = shape[1:-1] if channels_last or (ndim == 2) else shape[2:]
+        self.steps.append(step)
+        self.vals[node.name] = type(v)(v.layer, channels_last, spatial, None, nmap=v.nmap)
 
     def restride(self, node) -> None:
         x, size, stride = node.args[:3]
@@ -75,4 +86,41 @@ class LayoutOps:
         if dim == neuron and self.axes(v) == 1 and v.folded is None and not v.tokens:
             self.vals[node.name] = self.from_map(self.neuron_map(v)[start:end:step], v)
             return
-        raise self.unsupported(node, "slice of positions", f"dim={dim} {start}:{end}:{step}")
+        if dim != neuron and dim != 0 and self.axes(v) == 1 and v.folded is None and not v.tokens:
+            self.keep_neurons(node, v, "slice_positions", dim=dim, start=start, end=end, every=step)
+            return
+        raise self.unsupported(node, "slice of the batch", f"dim={dim} {start}:{end}:{step}")
+
+    def pad(self, node) -> None:
+        """Zero padding of positions (``F.pad`` before a window partition or a patch merge)."""
+        x, pads = node.args[:2]
+        value = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0.0)
+        v = self.val(node, x)
+        ndim = len(x.meta["val"].shape)
+        neuron = ndim - 1 if v.channels_last else 1
+        touched = [ndim - 1 - i // 2 for i, p in enumerate(pads) if p]
+        if value != 0 or neuron in touched or 0 in touched or v.folded is not None or v.tokens or self.axes(v) != 1:
+            raise self.unsupported(node, "padding other than zeros around positions", f"pad={list(pads)}")
+        if not touched:
+            self.vals[node.name] = v
+            return
+        self.keep_neurons(node, v, "pad_positions", pad=list(pads))
+
+    def roll(self, node) -> None:
+        """A cyclic shift of positions (Swin's shifted windows outside an attention block)."""
+        x, shifts = node.args[:2]
+        dims = list(node.args[2]) if len(node.args) > 2 else []
+        v = self.val(node, x)
+        ndim = len(x.meta["val"].shape)
+        neuron = ndim - 1 if v.channels_last else 1
+        if not dims or any(d % ndim in (0, neuron) for d in dims) or v.folded is not None or self.axes(v) != 1:
+            raise self.unsupported(node, "roll other than a shift of positions", f"shifts={list(shifts)} dims={dims}")
+        self.keep_neurons(node, v, "roll", shifts=list(shifts), dims=[d % ndim for d in dims])
+
+    def keep_neurons(self, node, v, step: str, **info) -> None:
+        """A layout step that moves or drops positions only: same neurons, new positions (recorded)."""
+        shape = tuple(int(s) for s in node.meta["val"].shape)
+        spatial = shape[1:-1] if v.channels_last else shape[2:]
+        for layer in self.layers_of(v):
+            self.steps.append({"step": step, "layer": layer, **info})
+        self.vals[node.name] = type(v)(v.layer, v.channels_last, spatial, None, nmap=v.nmap)

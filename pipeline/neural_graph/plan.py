@@ -27,7 +27,7 @@ import torch
 from pipeline.neural_graph.attention_core import AttentionCoreOps, attention_cores
 from pipeline.neural_graph.composite import CompositeOps, composite_activations
 from pipeline.neural_graph.concat import SPLIT_OPS, ConcatOps, layer_map, source_of, whole_layer
-from pipeline.neural_graph.layout import PERMUTE_OPS, RESTRIDE_OPS, SLICE_OPS, LayoutOps
+from pipeline.neural_graph.layout import PAD_OPS, PERMUTE_OPS, RESTRIDE_OPS, ROLL_OPS, SLICE_OPS, LayoutOps
 from pipeline.neural_graph.ops import TRACE_HANDLERS, TRACER_MIXINS, Op, make_op, op_from_dict
 from pipeline.neural_graph.ops.attention import attention_blocks
 from pipeline.neural_graph.ops.base import node_shape
@@ -334,6 +334,10 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
             return self.restride(node)
         if t in SLICE_OPS:
             return self.slice(node)
+        if t in PAD_OPS:
+            return self.pad(node)
+        if t in ROLL_OPS:
+            return self.roll(node)
         if t in EXPAND_OPS:
             return self.expand(node)
         if t in SELECT_OPS:

@@ -17,9 +17,11 @@ import torch
 from torch import nn
 
 NODE_TYPES = ("input", "hidden", "output")
-RELATIONS = ("linear", "conv", "norm", "residual", "embedding", "attn_q", "attn_k", "attn_v", "attn_o", "gate")
-# Relations whose edges join channel c to channel c (one edge per destination neuron).
-DIAGONAL_RELATIONS = ("norm", "residual", "gate")
+RELATIONS = ("linear", "conv", "norm", "residual", "embedding", "attn_q", "attn_k", "attn_v", "attn_o", "gate",
+             "attn_bias", "attn_scale")
+# Relations with one edge per destination neuron (channel c to channel c; attn_bias / attn_scale: a
+# head's score bias / score scale neuron to each query neuron of that head).
+DIAGONAL_RELATIONS = ("norm", "residual", "gate", "attn_bias", "attn_scale")
 
 SCALE, SIGN = "scale", "sign"          # f(s x) = s f(x) for every s > 0; f(-x) = -f(x)
 

@@ -42,17 +42,28 @@ def test_convnext_blocks_convert_invert_and_keep_their_function():
 
 
 class SwapHW(nn.Module):
-    def __init__(self):
+    def __init__(self, dims=(0, 1, 3, 2), mid=4):
         super().__init__()
-        self.a, self.b = nn.Conv2d(3, 4, 3), nn.Conv2d(4, 2, 3)
+        self.a, self.b, self.dims = nn.Conv2d(3, 4, 3), nn.Conv2d(mid, 2, 3), dims
 
     def forward(self, x):
-        return self.b(self.a(x).permute(0, 1, 3, 2))
+        return self.b(self.a(x).permute(*self.dims).contiguous())
 
 
-def test_permutes_that_reorder_positions_are_refused():
-    with pytest.raises(UnsupportedModuleError, match="reorders the positions"):
-        convert_module(SwapHW(), torch.randn(2, 3, 8, 8))
+def test_permutes_that_reorder_positions_are_recorded_steps():
+    """Moving tokens (here H and W swapped) keeps the channels as the neurons; the plan records the
+    permute, so the architecture signature tells it from the network without it."""
+    x = torch.randn(2, 3, 8, 8)
+    swapped, plain = convert_module(SwapHW(), x), convert_module(SwapHW((0, 1, 2, 3)), x)
+    step = next(s for s in swapped.plan.steps if s["step"] == "permute")
+    assert step["dims"] == [0, 1, 3, 2] and step["positions"]
+    assert swapped.plan.signature != plain.plan.signature
+    assert [layer.size for layer in swapped.plan.layers] == [3, 4, 2]
+
+
+def test_permutes_that_put_neurons_between_positions_are_refused():
+    with pytest.raises(UnsupportedModuleError, match="neurons between positions"):
+        convert_module(SwapHW((0, 2, 1, 3), mid=6), torch.randn(2, 3, 8, 8))     # H becomes the channels
 
 
 def tiny_vit():

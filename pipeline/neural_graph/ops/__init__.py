@@ -34,10 +34,11 @@ format and of the architecture signature (``tests/pipeline/test_plan_pins.py`` p
 """
 from pipeline.neural_graph.ops.base import (REGISTRY, SPEC_HANDLERS, SPEC_MIXINS, TRACE_HANDLERS, TRACER_MIXINS,
                                             DenseOp, DiagonalOp, Op, OpKind, make_op, op_from_dict)
-from pipeline.neural_graph.ops import attention, conv, embedding, gate, group_norm, linear, norm, residual, tokens
+from pipeline.neural_graph.ops import (attention, conv, embedding, gate, group_norm, linear, norm, position_bias,
+                                       residual, tokens)
 
 # Importing a kind's module registers it; this is the list of them.
-KIND_MODULES = (conv, linear, attention, norm, residual, embedding, tokens, gate, group_norm)
+KIND_MODULES = (conv, linear, attention, norm, residual, embedding, tokens, gate, group_norm, position_bias)
 
 __all__ = ["KIND_MODULES", "REGISTRY", "SPEC_HANDLERS", "SPEC_MIXINS", "TRACE_HANDLERS", "TRACER_MIXINS",
            "DenseOp", "DiagonalOp", "Op", "OpKind", "make_op", "op_from_dict"]

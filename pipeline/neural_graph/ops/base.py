@@ -7,7 +7,8 @@ record also answers ``op["key"]`` / ``op.get("key")`` like that dict, for reader
 conversion (alignment, merging, tests) that only look fields up.
 
 Two families share their edge rules: ``DiagonalOp`` (channel c -> channel c, one edge per
-destination neuron: norms, residual sums, gates) and ``DenseOp`` (a weight tensor read as
+destination neuron: norms, residual sums, gates; ``UnitOp`` when the weight is 1 and no
+parameter) and ``DenseOp`` (a weight tensor read as
 (out, in-per-group, kh, kw) blocks: linear, conv, embeddings).
 """
 from __future__ import annotations
@@ -37,6 +38,10 @@ class OpKind(StrEnum):
     GATE = "gate"
     SCALE = "scale"
     GROUP_NORM = "group_norm"
+    RELATIVE_POSITION = "relative_position"
+    LOGIT_SCALE = "logit_scale"
+    ATTENTION_BIAS = "attention_bias"
+    ATTENTION_SCALE = "attention_scale"
 
 
 def optional(default=None):
@@ -70,7 +75,11 @@ def node_shape(node) -> tuple[int, ...]:
 class Op:
     """One operation of a plan: where it reads (``src_layer``, or ``src_segments`` for a
     concatenation), where it writes (``dst_layer``), its edge relation and kernel extent, and the
-    module ``path`` it was traced from."""
+    module ``path`` it was traced from. ``buffers``: fixed integer or float tables the operation
+    reads (a relative-position index, a coordinate table), kept in the plan as ``{key: {"values",
+    "shape", "dtype"}}`` because they are architecture; the inverse writes them back
+    (``invert_buffers``). ``constants``: the same for tables that are not state-dict entries
+    (non-persistent buffers), kept for the signature and never written back."""
 
     kind: ClassVar[OpKind]
     diagonal: ClassVar[bool] = False
@@ -80,6 +89,8 @@ class Op:
     kernel: list[int]
     path: str = ""
     src_segments: list[list[int]] | None = optional()
+    buffers: dict[str, dict[str, Any]] | None = optional()
+    constants: dict[str, dict[str, Any]] | None = optional()
 
     # ------------------------------------------------------------------ the plan JSON's dict
     def to_dict(self) -> dict[str, Any]:
@@ -158,6 +169,11 @@ class Op:
         if key:
             out[key] = b
 
+    def invert_buffers(self, out: dict) -> None:
+        """Write back the state-dict tables kept in the plan (``buffers``), bit for bit."""
+        for key, buf in (self.buffers or {}).items():
+            out[key] = torch.tensor(buf["values"], dtype=getattr(torch, buf["dtype"])).reshape(buf["shape"])
+
     # ------------------------------------------------------------------ symmetries
     def permutation_ties(self, sizes) -> tuple[list[tuple[int, int]], set[int]]:
         """Neuron layers that must take one permutation (pairs) and layers that cannot move."""
@@ -213,6 +229,18 @@ class DiagonalOp(Op):
         if self.src_segments is not None:
             return [], set(source_layers(self) + [self.dst_layer])
         return [(self.src_layer, self.dst_layer)], set()
+
+
+@dataclass(kw_only=True)
+class UnitOp(DiagonalOp):
+    """Diagonal edges of weight 1 that carry no parameter of the network (residual sums, gates, a
+    head's score term into its queries): no incoming coefficient, and a summary naming the sources."""
+
+    def incoming(self, w, dst, extra):
+        return None
+
+    def describe(self, sizes) -> str:
+        return f"{self.kind.value}({'+'.join(str(s) for s in source_layers(self))}->{self.dst_layer})"
 
 
 @dataclass(kw_only=True)

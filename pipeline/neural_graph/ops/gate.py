@@ -9,13 +9,13 @@ import torch
 
 from pipeline.neural_graph.concat import source_layers
 from pipeline.neural_graph.gate import GateOps
-from pipeline.neural_graph.ops.base import ChannelParams, DiagonalOp, OpKind, register
+from pipeline.neural_graph.ops.base import ChannelParams, OpKind, UnitOp, register
 
 aten = torch.ops.aten
 
 
 @dataclass(kw_only=True)
-class Gate(DiagonalOp):
+class Gate(UnitOp):
     kind = OpKind.GATE
 
     def scaling_ties(self):
@@ -24,12 +24,6 @@ class Gate(DiagonalOp):
     def rescale(self, i, s, src, dst, e, weight, extra):
         if not np.allclose(s[src], 1.0):
             raise ValueError(f"op {i} (gate) cannot take factors on its gate neurons")
-
-    def incoming(self, w, dst, extra):
-        return None
-
-    def describe(self, sizes) -> str:
-        return f"{self.kind.value}({'+'.join(str(s) for s in source_layers(self))}->{self.dst_layer})"
 
 
 @dataclass(kw_only=True)

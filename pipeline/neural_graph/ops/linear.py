@@ -20,7 +20,9 @@ QKV = ("attn_q", "attn_k", "attn_v")
 @dataclass(kw_only=True)
 class Linear(DenseOp):
     """``rows``: this op's row block of a fused in-projection of ``param_shape``; ``transposed``:
-    the weight is stored (in, out); ``heads``: attention heads of a projection."""
+    the weight is stored (in, out); ``heads``: attention heads of a projection;
+    ``zeroed_bias_rows``: rows of the bias parameter the network zeroes at call time (Swin V2's key
+    bias): the graph still carries the parameter's values, so it inverts bit for bit."""
 
     kind = OpKind.LINEAR
     groups: int = 1
@@ -28,6 +30,7 @@ class Linear(DenseOp):
     rows: list[int] | None = optional()
     param_shape: list[int] | None = optional()
     heads: int | None = optional()
+    zeroed_bias_rows: list[int] | None = optional()
 
     def raw_weight(self, state):
         w = as_numpy(state[self.weight_key])

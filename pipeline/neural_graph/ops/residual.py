@@ -9,14 +9,14 @@ import torch
 from torch import nn
 
 from pipeline.neural_graph.concat import source_layers
-from pipeline.neural_graph.ops.base import DiagonalOp, OpKind, optional, register
+from pipeline.neural_graph.ops.base import OpKind, UnitOp, optional, register
 from pipeline.spec import Residual as ResidualModule
 
 aten = torch.ops.aten
 
 
 @dataclass(kw_only=True)
-class Residual(DiagonalOp):
+class Residual(UnitOp):
     kind = OpKind.RESIDUAL
     tokens: list[int] | None = optional()
 
@@ -28,12 +28,6 @@ class Residual(DiagonalOp):
     def rescale(self, i, s, src, dst, e, weight, extra):
         if not np.allclose(s[src], s[dst]):
             raise ValueError(f"op {i} (residual) joins neurons with different factors")
-
-    def incoming(self, w, dst, extra):
-        return None
-
-    def describe(self, sizes) -> str:
-        return f"{self.kind.value}({'+'.join(str(s) for s in source_layers(self))}->{self.dst_layer})"
 
 
 class ResidualTracing:
