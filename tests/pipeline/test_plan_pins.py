@@ -1,5 +1,6 @@
 """Plans stored in catalogs keep their bytes: the plan JSON and the architecture signature of a set
-of architectures are pinned to the values main computed before operations became typed records.
+of architectures are pinned to the values main computed before operations became typed records
+(Swin, Swin v2 and MaxViT: as their first converter computed them, before it joined the registry).
 
 ``architecture_id`` is the signature and ``plan_json`` is read back by every catalog reader, so a
 change here would orphan old catalogs. The cases cover every operation kind: the zoo kinds (read
@@ -20,6 +21,7 @@ from pipeline.zoo.kinds import RECIPES
 from tests.pipeline.test_concat_gate import MODELS as CONCAT_GATE
 from tests.pipeline.test_layout import tiny_convnext, tiny_vit
 from tests.pipeline.test_neural_graph import Encoder, SelfAttention
+from tests.pipeline.test_windowed_attention import tiny_maxvit, tiny_swin, tiny_swin_v2
 
 
 def _digest(plan: Plan) -> tuple[str, str]:
@@ -44,6 +46,9 @@ def _module_cases():
     yield "mha", SelfAttention, lambda: torch.randn(2, 5, 4)
     yield "encoder", lambda: Encoder(False), lambda: torch.randint(0, 20, (2, 5))
     yield "encoder-norm-first", lambda: Encoder(True), lambda: torch.randint(0, 20, (2, 5))
+    yield "swin", tiny_swin, lambda: torch.randn(2, 3, 8, 8)
+    yield "swin-v2", tiny_swin_v2, lambda: torch.randn(2, 3, 8, 8)
+    yield "maxvit", tiny_maxvit, lambda: torch.randn(2, 3, 16, 16)
 
 
 def current_pins(slow: bool = False) -> dict[str, tuple[str, str]]:
@@ -86,6 +91,7 @@ PINS = {'cnn-0/spec': ('26bf74d260858146', '31d41272cff9b7d3'),
  'fire': ('2fbe4c3a2f776e59', '710d7fcf0dbdd11c'),
  'inr-0/spec': ('698cd5b39cb131df', '07a82430b21971ce'),
  'inr-0/traced': ('698cd5b39cb131df', '07a82430b21971ce'),
+ 'maxvit': ('bfd251962156590b', 'f011dd2e7327a04e'),
  'mha': ('ff5b28412edb729e', 'eaf8eacf52b0f50b'),
  'mlp-0/spec': ('c104e22f0309643d', '7807fc6588b8f519'),
  'mlp-0/traced': ('c104e22f0309643d', '7807fc6588b8f519'),
@@ -94,6 +100,8 @@ PINS = {'cnn-0/spec': ('26bf74d260858146', '31d41272cff9b7d3'),
  'se_hardsigmoid': ('f7f1d4e99cd553eb', 'fcf4de71f9c14995'),
  'se_sigmoid': ('c093cc6cf2694b1f', '60e44fc3a10b26bc'),
  'shuffle': ('0bcdd6ff98cb5a07', 'a78f410a8ad5d4aa'),
+ 'swin': ('1178d180fe655978', '6b1aff2a933f9139'),
+ 'swin-v2': ('497b017d61caf241', '8c2b4a76ca4aa7d6'),
  'vit': ('ed8c18296a612e01', 'ba99df7832069919')}
 
 SLOW_PINS = {'hf-bert': ('34cef3ab30e52df0', '7f981a81b8f72c40'),
