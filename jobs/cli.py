@@ -67,7 +67,7 @@ def _device_option(fn):
               help="Feed NG-GNN scale-canonicalised graphs: every rescalable hidden neuron gets unit-norm incoming "
                    "weights (and a positive sum where signs may flip), the factor pushed forward; one graph per "
                    "function-preserving rescaling orbit.")
-@click.option("--bn-stats", is_flag=True,
+@click.option("--bn-stats/--no-bn-stats", default=True, show_default=True,
               help="Feed batch norms as the affine maps they compute at evaluation (gamma / sqrt(var + eps) on the "
                    "edge, beta - gamma * mean / sqrt(var + eps) as the bias), so the running statistics reach the "
                    "metanetwork.")
@@ -79,7 +79,7 @@ def _device_option(fn):
                    "neuron layer), drawn anew every time a model is served; identities and padding are left alone.")
 @click.option("--weight-dropout", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0,
               show_default=True, metavar="P", help="Train with each edge's weights zeroed with probability P.")
-@click.option("--fourier", type=click.IntRange(min=0), default=0, show_default=True, metavar="F",
+@click.option("--fourier", type=click.IntRange(min=0), default=32, show_default=True, metavar="F",
               help="Add random Fourier features (F frequencies) of every edge's weights and every bias to their "
                    "encodings. 0 = off.")
 @click.option("--rescale-test", type=float, multiple=True, metavar="MAX",
