@@ -261,11 +261,10 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers, raw=bool(cfg.probes),
                          prepare=prepare)
     train_stream = stream
-    augment = augmenter(rescaler(cfg.scale_augment) if cfg.scale_augment else None,
-                        noise=cfg.weight_noise, dropout=cfg.weight_dropout)
+    train_prepare, augment = training_changes(cfg)
     if augment is not None:
         train_stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers,
-                                   raw=bool(cfg.probes), prepare=prepare, augment=augment, seed=cfg.seed)
+                                   raw=bool(cfg.probes), prepare=train_prepare, augment=augment, seed=cfg.seed)
     train_idx = np.nonzero(sel.mask("train"))[0]
     val_idx = np.nonzero(sel.mask("val"))[0]
     scale = task.fit_scale(sel.targets[train_idx])
@@ -340,6 +339,22 @@ def preparation(canonical: bool = False, bn_stats: bool = False):
             graph = canonical_graph(graph, steps)
         return effective_batch_norms(graph) if bn_stats else graph
     return prepare
+
+
+def training_changes(cfg: DataConfig):
+    """(prepare, augment) of the training stream: augment is None when the run has no augmentation
+    (training then reads the same graphs as validation). Rescalings act on the checkpoint's own
+    parameters (batch norm's gamma and running statistics), so with augmentation the batch norms
+    become their affine maps last, after each rescaling and noise draw, not once on reading."""
+    augment = augmenter(rescaler(cfg.scale_augment) if cfg.scale_augment else None,
+                        noise=cfg.weight_noise, dropout=cfg.weight_dropout)
+    if augment is None:
+        return preparation(cfg.canonical, cfg.bn_stats), None
+    if cfg.bn_stats:
+        from pipeline.neural_graph.norm_stats import effective_batch_norms
+
+        augment = augmenter(augment, lambda graph, steps, rng: effective_batch_norms(graph))
+    return preparation(cfg.canonical, False), augment
 
 
 def rescaler(max_scale: float):

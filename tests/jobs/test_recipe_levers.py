@@ -112,3 +112,26 @@ def test_a_run_with_the_levers_trains_and_reloads_with_them(catalog_copy):
     again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE starts_with(run_id, ?) "
                              "AND method = 'ngnn'", [report.run_id + "-predict-"]).fetchall())
     assert max(abs(again[m] - v) for m, v in mine.items()) < 1e-5   # predict prepares the graphs the same way
+
+
+def test_with_augmentation_batch_norms_become_affine_maps_after_each_rescaling(catalog_dir):
+    from jobs.train import preparation, training_changes
+    from pipeline.graph_codec import read_plans
+    from pipeline.neural_graph.norm_stats import effective_batch_norms
+    from pipeline.neural_graph.symmetry import random_rescaling
+
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn' AND activation = 'relu'", catalog=catalog_dir)
+    norm = RELATIONS.index("norm")
+    mid, graph = next((m, g) for m in sel.model_ids for g in read_graphs(con, [m]) if (g.relation == norm).any())
+    arch, plans = read_plans(con, [mid])
+    steps = plans[arch[mid]].steps
+    prepare, augment = training_changes(TrainConfig(scale_augment=10.0, bn_stats=True))
+    assert prepare is None                                       # nothing on reading: all per serving
+    served = augment(graph, steps, np.random.default_rng(3))
+    expected = effective_batch_norms(random_rescaling(graph, np.random.default_rng(3), 10.0, steps=steps))
+    np.testing.assert_allclose(served.weight, expected.weight, rtol=1e-6)
+    wrong = random_rescaling(effective_batch_norms(graph), np.random.default_rng(3), 10.0, steps=steps)
+    assert not np.allclose(wrong.weight, expected.weight, rtol=1e-3)   # the order matters
+    assert training_changes(TrainConfig(bn_stats=True))[1] is None
+    assert training_changes(TrainConfig(bn_stats=True))[0] is not None and preparation(False, False) is None
