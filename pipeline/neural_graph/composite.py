@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.neural_graph.ops.base import module_groups
+
 COMPOSITE_ACTIVATIONS = {
     "NewGELUActivation": "gelu_tanh",
     "GELUTanh": "gelu_tanh",
@@ -25,20 +27,11 @@ class CompositeActivation:
 
 def composite_activations(graph, clean) -> dict[str, CompositeActivation]:
     """Nodes inside a module of a COMPOSITE_ACTIVATIONS class, by node name."""
-    by_path: dict[str, CompositeActivation] = {}
     out: dict[str, CompositeActivation] = {}
-    for node in graph.nodes:
-        if node.op != "call_function":
-            continue
-        for raw, typ in (node.meta.get("nn_module_stack") or {}).values():
-            name = COMPOSITE_ACTIVATIONS.get(getattr(typ, "__name__", ""))
-            if name is not None:
-                path = clean(raw)
-                blk = by_path.setdefault(path, CompositeActivation(path, name, [], set()))
-                blk.nodes.append(node)
-                blk.names.add(node.name)
-                out[node.name] = blk
-                break
+    match = lambda typ: COMPOSITE_ACTIVATIONS.get(getattr(typ, "__name__", ""))  # noqa: E731
+    for path, (name, nodes) in module_groups(graph, clean, match).items():
+        blk = CompositeActivation(path, name, nodes, {n.name for n in nodes})
+        out.update((n.name, blk) for n in nodes)
     return out
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.neural_graph.ops.base import node_shape, register
+from pipeline.neural_graph.ops.base import module_groups, node_shape, register
 
 aten = torch.ops.aten
 
@@ -26,20 +26,11 @@ class AttentionBlock:
 def attention_blocks(graph, clean) -> dict[str, AttentionBlock]:
     """Nodes that belong to an nn.MultiheadAttention call, by node name."""
     blocks: dict[str, AttentionBlock] = {}
-    by_path: dict[str, AttentionBlock] = {}
-    for node in graph.nodes:
-        if node.op != "call_function":
-            continue
-        for key, (raw, typ) in (node.meta.get("nn_module_stack") or {}).items():
-            if isinstance(typ, type) and issubclass(typ, torch.nn.MultiheadAttention):
-                path = clean(raw)
-                blk = by_path.setdefault(path, AttentionBlock(path, 0, [], set(), []))
-                blk.nodes.append(node)
-                blk.names.add(node.name)
-                blocks[node.name] = blk
-                break
-    for blk in by_path.values():
-        blk.outputs = [n for n in blk.nodes if any(u.name not in blk.names for u in n.users)]
+    match = lambda typ: True if isinstance(typ, type) and issubclass(typ, torch.nn.MultiheadAttention) else None  # noqa: E731
+    for path, (_, nodes) in module_groups(graph, clean, match).items():
+        names = {n.name for n in nodes}
+        blk = AttentionBlock(path, 0, nodes, names, [n for n in nodes if any(u.name not in names for u in n.users)])
+        blocks.update((n.name, blk) for n in nodes)
     return blocks
 
 

@@ -63,6 +63,22 @@ def frame_offset(kernel, frame: tuple[int, int]) -> tuple[int, int]:
     return (frame[0] - kernel[0]) // 2, (frame[1] - kernel[1]) // 2
 
 
+def module_groups(graph, clean, match) -> dict[str, tuple[Any, list]]:
+    """The call_function nodes of an fx ``graph`` grouped by module call: for each node, the first
+    ``nn_module_stack`` entry whose type ``match`` maps to a value other than None; by its path
+    (``clean``ed), that value and the nodes in graph order."""
+    groups: dict[str, tuple[Any, list]] = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        for raw, typ in (node.meta.get("nn_module_stack") or {}).values():
+            value = match(typ)
+            if value is not None:
+                groups.setdefault(clean(raw), (value, []))[1].append(node)
+                break
+    return groups
+
+
 def node_shape(node) -> tuple[int, ...]:
     """Shape of an fx node's (first) value."""
     val = node.meta.get("val")
