@@ -67,8 +67,9 @@ def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: in
     t = time.perf_counter()
     report = train_heterognn(cat, cfg, progress=False)
     taus = "  ".join(f"{k} {v.get('kendall_tau', float('nan')):.3f}" for k, v in report.metrics.items())
-    print(f"  fold {fold} {model:5s} {taus}   ({time.perf_counter() - t:.0f}s, {report.n_models['test']} test models)",
-          flush=True)
+    best = max(report.history, key=lambda h: h["val_score"])["epoch"] + 1 if report.history else 0
+    print(f"  fold {fold} {model:5s} {taus}   ({time.perf_counter() - t:.0f}s, {report.n_models['test']} test models, "
+          f"best epoch {best} of {report.epochs_run})", flush=True)
     return report.run_id
 
 

@@ -37,17 +37,23 @@ def zoo():
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
               help="Models per recipe: groups of K with one architecture, hyper-parameters and data that "
                    "differ only in initialisation and batch order (pairs for `jobs merge`).")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="Change the kind's training recipe (repeatable). mlp-equivariant: epochs (200), "
+                   "weight_decay (1.0), lambda_autoencoder (10), lambda_classifier (1). A folder holds one "
+                   "recipe: resuming with other settings is refused.")
 @translate_errors
-def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas):
+def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas, settings):
     """Train a zoo of KIND (cnn: CNNs of varied architecture on digits; cnn-fixed: one CNN architecture on
     digits, training recipe varied; mlp: MLPs on four tabular datasets; inr: SIRENs fitted to digit
     images; mlp-equivariant: depth-4 MLPs on flattened digits, autoencoders and classifiers with tanh
     or GELU first, half of them trained with a soft mirror-lr equivariance loss, in a grid of 8 cells
     repeated over seeds, for `jobs layer-equivariance`) into OUT_DIR. Models already in OUT_DIR are
     kept, so an interrupted run resumes."""
+    from pipeline.zoo.kinds import recipe_settings
     from pipeline.zoo.make import make_zoo
 
-    click.echo(str(make_zoo(kind, out_dir, n, seed, fmt, workers, progress=True, replicas=replicas)))
+    click.echo(str(make_zoo(kind, out_dir, n, seed, fmt, workers, progress=True, replicas=replicas,
+                            settings=recipe_settings(kind, settings))))
 
 
 @main.command()

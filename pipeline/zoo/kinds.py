@@ -24,8 +24,9 @@ from torch import nn
 
 from pipeline.datasets import MLP_DATASETS, digits, digits_split, tabular
 from pipeline.spec import build_module
-from pipeline.zoo.equivariant import mlp_equivariant_recipe
+from pipeline.zoo.equivariant import SETTINGS as EQUIVARIANT_SETTINGS, mlp_equivariant_recipe
 from pipeline.zoo.training import ModelRecipe, fit_classifier, init_weights
+from zoocore.errors import ZooGraphError
 
 
 def cnn_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
@@ -172,13 +173,38 @@ RECIPES: dict[str, Callable[[np.random.Generator, int], ModelRecipe]] = {
     "mlp-equivariant": mlp_equivariant_recipe}
 
 
-def make_model(kind: str, seed: int, init_seed: int | None = None) -> tuple[nn.Module, ModelRecipe, dict[str, Any]]:
+# the training-recipe settings a kind takes (``pipeline zoo make KIND --set KEY=VALUE``): name -> type
+RECIPE_SETTINGS: dict[str, dict[str, type]] = {"mlp-equivariant": EQUIVARIANT_SETTINGS}
+
+
+def recipe_settings(kind: str, pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings -> the kind's recipe settings, typed; unknown keys and bad values refused."""
+    known = RECIPE_SETTINGS.get(kind, {})
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in known:
+            choices = ", ".join(sorted(known)) or "none"
+            raise ZooGraphError(f"{pair!r}: {kind} takes KEY=VALUE with KEY one of: {choices}")
+        try:
+            out[key] = known[key](value)
+        except ValueError:
+            raise ZooGraphError(f"{pair!r}: {key} must be {'an integer' if known[key] is int else 'a number'}") from None
+        if out[key] < 0 or (key == "epochs" and out[key] < 1):
+            raise ZooGraphError(f"{pair!r}: {key} must be {'at least 1' if key == 'epochs' else 'non-negative'}")
+    return out
+
+
+def make_model(kind: str, seed: int, init_seed: int | None = None,
+               settings: dict[str, Any] | None = None) -> tuple[nn.Module, ModelRecipe, dict[str, Any]]:
     """Build and train model number ``seed`` of a zoo kind; deterministic. ``init_seed`` (default
     ``seed``) draws the initialisation and the batch order only: models of one ``seed`` and
-    different ``init_seed`` share architecture, hyper-parameters and data (replicas)."""
+    different ``init_seed`` share architecture, hyper-parameters and data (replicas). ``settings``
+    (``recipe_settings``) change the kind's training recipe."""
     init_seed = seed if init_seed is None else init_seed
     rng = np.random.default_rng(seed)
-    recipe = RECIPES[kind](rng, seed)
+    recipe = RECIPES[kind](rng, seed, **(settings or {}))
     torch.manual_seed(init_seed)
     model = build_module(recipe.spec)
     metrics = recipe.train(model, init_seed)

@@ -61,35 +61,39 @@ def save_checkpoint(model: torch.nn.Module, spec: dict, path: Path, fmt: str) ->
         raise ZooGraphError(f"unknown checkpoint format {fmt!r}; choose one of {sorted(FORMATS)}")
 
 
-def _one(args: tuple[str, int, int, str, str, int]) -> dict[str, Any]:
-    kind, index, seed, fmt, out_dir, replicas = args
+def _one(args: tuple[str, int, int, str, str, int, dict[str, Any]]) -> dict[str, Any]:
+    kind, index, seed, fmt, out_dir, replicas, settings = args
     torch.set_num_threads(1)
     name = f"{kind}-{index:05d}{FORMATS[fmt]}"
     init_seed = model_seed(seed, index)
-    model, recipe, metrics = make_model(kind, model_seed(seed, index // replicas), init_seed)
+    model, recipe, metrics = make_model(kind, model_seed(seed, index // replicas), init_seed, settings)
     metadata = dict(recipe.metadata)
     if replicas > 1:        # replicas of one recipe differ only in initialisation and batch order
         metadata.update(recipe=index // replicas, init_seed=init_seed)
     out = Path(out_dir)
     save_checkpoint(model, recipe.spec, out / name, fmt)
     side = {"architecture": recipe.spec, "metadata": {**metadata, "zoo_seed": seed, "index": index},
-            "metrics": metrics}
+            "metrics": metrics, **({"recipe_settings": settings} if settings else {})}
     _write_atomic((out / name).with_suffix(".json"), lambda p: p.write_text(json.dumps(side, indent=1)))
     return {"checkpoint": name, **metrics, **metadata}
 
 
 def _rows(kind: str, n: int, seed: int, fmt: str, out_dir: Path, workers: int,
-          replicas: int) -> Iterator[dict[str, Any]]:
+          replicas: int, settings: dict[str, Any]) -> Iterator[dict[str, Any]]:
     todo, done = [], []
     for i in range(n):
         name = f"{kind}-{i:05d}{FORMATS[fmt]}"
         side = (out_dir / name).with_suffix(".json")
         if (out_dir / name).exists() and side.exists():
             meta = json.loads(side.read_text())
+            if meta.get("recipe_settings", {}) != settings:     # one zoo, one recipe: never mix on resume
+                raise ZooGraphError(
+                    f"{out_dir} already holds {name} made with recipe settings {meta.get('recipe_settings', {})}, "
+                    f"not {settings}; make this zoo in another folder")
             done.append({"checkpoint": name, **meta.get("metrics", {}), **{k: v for k, v in meta["metadata"].items()
                                                                             if k not in ("zoo_seed", "index")}})
         else:
-            todo.append((kind, i, seed, fmt, str(out_dir), replicas))
+            todo.append((kind, i, seed, fmt, str(out_dir), replicas, settings))
     yield from ({"_skipped": True, **d} for d in done)
     if workers <= 1:
         yield from map(_one, todo)
@@ -99,10 +103,13 @@ def _rows(kind: str, n: int, seed: int, fmt: str, out_dir: Path, workers: int,
 
 
 def make_zoo(kind: str, out_dir: str | Path, n: int, seed: int = 0, fmt: str = "safetensors",
-             workers: int = 1, progress: bool = True, replicas: int = 1) -> ZooReport:
+             workers: int = 1, progress: bool = True, replicas: int = 1,
+             settings: dict[str, Any] | None = None) -> ZooReport:
     """Train ``n`` models of zoo ``kind`` into ``out_dir``; models already there are kept (resume).
     With ``replicas`` K, models come in groups of K that share architecture, hyper-parameters and
-    data and differ only in initialisation and batch order (pairs for merging)."""
+    data and differ only in initialisation and batch order (pairs for merging). ``settings``
+    (``pipeline.zoo.kinds.recipe_settings``) change the kind's training recipe; a folder holds one
+    recipe, so resuming with other settings is refused."""
     if kind not in RECIPES:
         raise ZooGraphError(f"unknown zoo kind {kind!r}; choose one of {sorted(RECIPES)}")
     if fmt not in FORMATS:
@@ -115,7 +122,7 @@ def make_zoo(kind: str, out_dir: str | Path, n: int, seed: int = 0, fmt: str = "
     out_dir.mkdir(parents=True, exist_ok=True)
     rows, skipped = [], 0
     bar = tqdm(total=n, desc=f"zoo {kind}", unit="model", disable=not progress)
-    for row in _rows(kind, n, seed, fmt, out_dir, workers, replicas):
+    for row in _rows(kind, n, seed, fmt, out_dir, workers, replicas, dict(settings or {})):
         skipped += bool(row.pop("_skipped", False))
         rows.append(row)
         bar.update(1)

@@ -18,6 +18,7 @@ from pipeline.cli import main as pipeline_cli
 from pipeline.ingest import ingest_zoo
 from pipeline.spec import build_module
 from pipeline.zoo import equivariant
+from pipeline.zoo.kinds import recipe_settings
 from pipeline.zoo.make import make_zoo
 from pipeline.zoo.transforms import transform_index
 from zoocore.errors import JobError, ZooGraphError
@@ -193,9 +194,7 @@ def tiny(tmp_path_factory):
     """8 mlp-equivariant models (one per grid cell, 6 epochs each) and a CNN, ingested with the
     embedded graph store."""
     root = tmp_path_factory.mktemp("leq")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(equivariant.TRAINING, "epochs", 6)
-        make_zoo("mlp-equivariant", root / "zoo", n=8, seed=0, workers=1, progress=False)
+    make_zoo("mlp-equivariant", root / "zoo", n=8, seed=0, workers=1, progress=False, settings={"epochs": 6})
     make_zoo("cnn", root / "cnn", n=1, seed=0, workers=1, progress=False)
     catalog = root / "catalog"
     with open_store(catalog, use_env=False) as store:
@@ -211,6 +210,38 @@ def test_zoo_records_the_grid(tiny):
     assert cells == set(equivariant.CELLS)
     assert all((r["equivariance_lambda"] > 0) == (r["equivariance"] != "none") for r in rows)
     assert all(r["width"] == 64 and r["equivariance_error"] >= 0 for r in rows)
+    epochs = run_readonly(tiny["catalog"], "SELECT DISTINCT epochs, equivariance_from_epoch FROM models "
+                                           "WHERE zoo = 'eq'").to_pylist()
+    assert epochs == [{"epochs": 6, "equivariance_from_epoch": 3}]     # the --set epochs=6 recipe, not 200
+
+
+def test_recipe_settings_are_typed_and_refused_when_unknown():
+    assert recipe_settings("mlp-equivariant", ["epochs=600", "weight-decay=0.5"]) == {"epochs": 600,
+                                                                                      "weight_decay": 0.5}
+    assert recipe_settings("cnn", []) == {}
+    for kind, pair, match in [("mlp-equivariant", "epochs=many", "must be an integer"),
+                              ("mlp-equivariant", "epochs=0", "at least 1"),
+                              ("mlp-equivariant", "weight_decay=-1", "non-negative"),
+                              ("mlp-equivariant", "width=3", "one of: epochs, lambda_autoencoder"),
+                              ("mlp-equivariant", "epochs", "KEY=VALUE"),
+                              ("cnn", "epochs=3", "one of: none")]:
+        with pytest.raises(ZooGraphError, match=match):
+            recipe_settings(kind, [pair])
+
+
+def test_resuming_a_zoo_with_other_settings_is_refused(tiny, tmp_path):
+    import shutil
+
+    zoo = tmp_path / "zoo"
+    shutil.copytree(tiny["root"] / "zoo", zoo)
+    with pytest.raises(ZooGraphError, match="recipe settings"):
+        make_zoo("mlp-equivariant", zoo, n=9, seed=0, workers=1, progress=False, settings={"epochs": 7})
+    assert len(list(zoo.glob("*.safetensors"))) == 8            # nothing made, nothing overwritten
+    res = CliRunner().invoke(pipeline_cli, ["zoo", "make", "mlp-equivariant", str(zoo), "--n", "8",
+                                            "--set", "epochs=6"])
+    assert res.exit_code == 0, res.output                        # the same recipe resumes (all 8 kept)
+    res = CliRunner().invoke(pipeline_cli, ["zoo", "make", "mlp-equivariant", str(zoo), "--n", "8"])
+    assert res.exit_code != 0 and "recipe settings" in res.output
 
 
 def test_relation_round_trips_through_catalog_sql_and_graph_store(tiny):
