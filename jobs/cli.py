@@ -47,7 +47,8 @@ def _device_option(fn):
                    "15%% of the rest validation). 0 = the default hash split. Run once per --fold.")
 @click.option("--fold", type=click.IntRange(min=0), default=0, show_default=True, metavar="I",
               help="Which fold (0..K-1) is the test set, with --folds K.")
-@click.option("--epochs", type=click.IntRange(min=1), default=40, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Epochs per ensemble member (cosine schedule over them).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--hidden", type=click.IntRange(min=4), default=64, show_default=True)
@@ -55,9 +56,10 @@ def _device_option(fn):
 @click.option("--probes", type=click.IntRange(min=0), default=0, show_default=True,
               help="Learned probe inputs whose per-neuron activations join the node features "
                    "(MLP / INR zoos: graphs of linear and residual edges).")
-@click.option("--ensemble", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Train K metanetworks (seeds SEED..SEED+K-1) and average their predictions.")
-@click.option("--patience", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--ensemble", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Train K metanetworks (seeds SEED..SEED+K-1) and average their predictions (K times the "
+                   "training time; 1 for a single model).")
+@click.option("--patience", type=click.IntRange(min=1), default=5, show_default=True,
               help="Early stopping: epochs without a better validation score.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--loader-workers", type=click.IntRange(min=1), default=2, show_default=True,
@@ -303,7 +305,8 @@ def layer_equivariance(catalog, where, transforms, samples, seed, noise_std, fmt
 @click.option("--workdir", type=click.Path(file_okay=False), default="demo", show_default=True,
               help="Folder for the zoo and the catalog.")
 @click.option("--n", "n", type=click.IntRange(min=20), default=160, show_default=True, help="Models in the zoo.")
-@click.option("--epochs", type=click.IntRange(min=1), default=30, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Epochs per ensemble member (the recipe of `jobs train-heterognn`).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
 @_device_option

@@ -83,7 +83,7 @@ def test_sql_cli_reads_object_storage_and_stays_read_only(s3_catalog, catalog_di
 
 
 def test_training_and_prediction_against_object_storage(s3_catalog):
-    report = train_heterognn(ROOT, TrainConfig(epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2,
+    report = train_heterognn(ROOT, TrainConfig(ensemble=1, epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2,
                                                baselines=False), progress=False)
     assert str(report.artifact) == f"{ROOT}/artifacts/{report.run_id}"
     models, meta = load_metanetwork(Catalog(ROOT), report.run_id)

@@ -23,7 +23,7 @@ from pipeline.neural_graph.symmetry import random_hidden_permutation
 def mlp_run(tmp_path_factory, catalog_dir):
     root = tmp_path_factory.mktemp("analytics") / "catalog"
     shutil.copytree(catalog_dir, root)
-    report = train_heterognn(root, TrainConfig(target="dataset", where="zoo = 'mlp'", epochs=12, batch_size=8,
+    report = train_heterognn(root, TrainConfig(target="dataset", where="zoo = 'mlp'", ensemble=1, epochs=12, batch_size=8,
                                                hidden=32, edge_hidden=16, layers=2, patience=12), progress=False)
     return root, report.run_id
 

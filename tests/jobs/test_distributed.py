@@ -13,8 +13,8 @@ from jobs.distributed import DistContext, local_batch_size, shard
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
-ARGS = ["train-heterognn", "--where", "zoo = 'mlp'", "--epochs", "4", "--batch-size", "8", "--hidden", "16",
-        "--layers", "2", "--no-baselines", "--loader-workers", "1"]
+ARGS = ["train-heterognn", "--where", "zoo = 'mlp'", "--ensemble", "1", "--epochs", "4", "--batch-size", "8",
+        "--hidden", "16", "--layers", "2", "--no-baselines", "--loader-workers", "1"]
 
 
 def test_rank_batches_together_are_the_single_process_batches():

@@ -49,7 +49,7 @@ def pairs(tmp_path_factory):
     con = duck.connect(catalog)
     copy_id = con.execute("SELECT model_id FROM models WHERE checkpoint = 'copy.safetensors'").fetchone()[0]
     con.close()
-    run = train_heterognn(catalog, TrainConfig(epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2,
+    run = train_heterognn(catalog, TrainConfig(ensemble=1, epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2,
                                                baselines=False), progress=False)
     return {"catalog": catalog, "rows": rows, "source": source[0], "copy": copy_id, "perm": perm,
             "run": run.run_id, "zoo": zoo}

@@ -26,3 +26,26 @@ def test_the_cli_offers_the_registered_kinds():
 def test_an_unknown_kind_is_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="known: ngnn, ngt"):
         build_metanetwork(NGGNNConfig(etypes=ETYPES, edge_in=1, out_dim=1, kind="gat"))
+
+
+def test_the_cli_defaults_are_the_library_recipe():
+    """`jobs train-heterognn` with no options trains what TrainConfig() trains (one recipe, two doors)."""
+    from dataclasses import fields
+
+    import click
+
+    from jobs.cli import train_heterognn_cmd
+    from jobs.train import TrainConfig
+
+    recipe = {f.name: getattr(TrainConfig(), f.name) for f in fields(TrainConfig)}
+    names = {"metanet": "model"}
+    checked, ctx = set(), click.Context(train_heterognn_cmd)
+    for p in train_heterognn_cmd.params:
+        field, default = names.get(p.name, p.name), p.get_default(ctx)
+        if field not in recipe or default is None:
+            continue
+        if p.multiple:          # a repeatable option given no times is the empty tuple
+            default = tuple(default) if isinstance(default, (list, tuple)) else ()
+        assert default == recipe[field], f"--{p.name}: CLI {p.default!r}, TrainConfig {recipe[field]!r}"
+        checked.add(field)
+    assert {"epochs", "ensemble", "patience", "fourier", "bn_stats", "hidden", "layers", "lr", "model"} <= checked

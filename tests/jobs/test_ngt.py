@@ -14,7 +14,7 @@ from jobs.train import TrainConfig, load_metanetwork, predict, train_heterognn
 from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 
-FAST = dict(epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2)
+FAST = dict(ensemble=1, epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2)
 
 
 @pytest.mark.parametrize("zoo,seed", [("cnn", 0), ("cnn", 1), ("mlp", 2)])
@@ -61,7 +61,7 @@ def test_an_ngt_run_is_saved_as_ngt_and_predicts_as_one(catalog_copy):
     from jobs.cli import main
 
     res = CliRunner().invoke(main, ["train-heterognn", "--catalog", str(catalog_copy), "--model", "ngt",
-                                    "--where", "zoo = 'cnn'", "--epochs", "2", "--hidden", "16", "--layers", "2",
+                                    "--where", "zoo = 'cnn'", "--ensemble", "1", "--epochs", "2", "--hidden", "16", "--layers", "2",
                                     "--batch-size", "8", "--no-baselines"])
     assert res.exit_code == 0, res.output
     assert "ngt" in res.output

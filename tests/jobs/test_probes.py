@@ -59,7 +59,7 @@ def test_probe_features_permute_with_the_neurons(mlp_zoo):
 
 
 def test_training_with_probes_and_refusal_on_cnns(catalog_copy):
-    report = train_heterognn(catalog_copy, TrainConfig(target="dataset", where="zoo = 'mlp'", probes=4, epochs=2,
+    report = train_heterognn(catalog_copy, TrainConfig(target="dataset", where="zoo = 'mlp'", probes=4, ensemble=1, epochs=2,
                                                       batch_size=8, hidden=16, edge_hidden=8, layers=2),
                              progress=False)
     con = duck.connect(catalog_copy)
@@ -68,4 +68,4 @@ def test_training_with_probes_and_refusal_on_cnns(catalog_copy):
                                       [report.run_id]).fetchall()]
     assert len(hits) == report.n_models["test"] and report.metrics["ngnn"]["accuracy"] == pytest.approx(np.mean(hits))
     with pytest.raises(JobError, match="probe features"):
-        train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", probes=4, epochs=1), progress=False)
+        train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", probes=4, ensemble=1, epochs=1), progress=False)

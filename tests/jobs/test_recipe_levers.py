@@ -96,7 +96,7 @@ def test_fourier_features_keep_predictions_invariant(catalog_dir, kind):
 
 
 def test_a_run_with_the_levers_trains_and_reloads_with_them(catalog_copy):
-    cfg = TrainConfig(where="zoo = 'cnn'", epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2,
+    cfg = TrainConfig(where="zoo = 'cnn'", ensemble=1, epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2,
                       weight_noise=0.05, weight_dropout=0.05, fourier=4, bn_stats=True, baselines=False)
     report = train_heterognn(catalog_copy, cfg, progress=False)
     models, manifest = load_metanetwork(Catalog(catalog_copy), report.run_id)

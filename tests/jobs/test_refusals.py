@@ -11,7 +11,7 @@ from zoocore.errors import JobError
 
 def test_one_class_target_is_refused_not_scored_perfectly(catalog_dir):
     with pytest.raises(JobError, match="single class 'iris'.*nothing to classify"):
-        train_heterognn(catalog_dir, TrainConfig(target="dataset", where="dataset = 'iris'", epochs=1),
+        train_heterognn(catalog_dir, TrainConfig(target="dataset", where="dataset = 'iris'", ensemble=1, epochs=1),
                         progress=False)
     with pytest.raises(JobError, match="single class"):
         train_heterognn(catalog_dir, TrainConfig(target="zoo", where="zoo = 'cnn'", task="classification",

@@ -9,7 +9,7 @@ from jobs.data import GraphStream, layer_stats, layer_stats_of_graphs, select_mo
 from jobs.train import TrainConfig, canonical_graph, read_prepared, rescaler, train_heterognn
 from pipeline.graph_codec import read_graphs
 
-FAST = dict(epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2)
+FAST = dict(ensemble=1, epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2)
 
 
 def test_statistics_of_graphs_are_the_catalogs(catalog_dir):

@@ -16,7 +16,7 @@ from pipeline.neural_graph.symmetry import random_hidden_permutation
 from pipeline.zoo.make import make_zoo
 from zoocore.errors import JobError
 
-FAST = dict(epochs=3, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=3)
+FAST = dict(ensemble=1, epochs=3, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=3)
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_predictions_are_invariant_and_node_embeddings_equivariant(trained, cnn_
 
 
 def test_an_ensemble_averages_its_members(catalog_copy):
-    report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", ensemble=2, **FAST), progress=False)
+    report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", **{**FAST, "ensemble": 2}), progress=False)
     models, meta = load_metanetwork(Catalog(catalog_copy), report.run_id)
     assert len(models) == meta.members == 2
     assert {h["member"] for h in report.history} == {0, 1}

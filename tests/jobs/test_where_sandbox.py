@@ -10,7 +10,7 @@ from jobs.data import select_models
 from zoocore.errors import JobError
 
 EVIL = "1=1 AND (SELECT count(*) FROM read_csv('/etc/passwd'))>0"
-TINY = ["--epochs", "1", "--hidden", "8", "--layers", "1", "--batch-size", "16", "--no-baselines",
+TINY = ["--ensemble", "1", "--epochs", "1", "--hidden", "8", "--layers", "1", "--batch-size", "16", "--no-baselines",
         "--loader-workers", "1"]
 
 

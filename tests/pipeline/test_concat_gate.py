@@ -232,7 +232,7 @@ def test_gated_concat_zoo_flows_through_ingest_store_and_training(tmp_path):
     graphs = read_graphs(con, [ids["m03.pt2"]])
     graph = graphs[ids["m03.pt2"]] if isinstance(graphs, dict) else graphs[0]
     check_exact_inverse(graph, states["m03.pt2"], "m03")
-    run = train_heterognn(tmp_path / "cat", TrainConfig(epochs=2, batch_size=8, hidden=8, edge_hidden=4, layers=1,
+    run = train_heterognn(tmp_path / "cat", TrainConfig(ensemble=1, epochs=2, batch_size=8, hidden=8, edge_hidden=4, layers=1,
                                                          baselines=False, loader_workers=0), progress=False)
     assert -1 <= run.metrics["ngnn"]["kendall_tau"] <= 1
 

@@ -362,7 +362,7 @@ def test_training_write_back_restores_models_the_graph_lost(catalog_copy):
         sync_store(catalog_copy, store)
         store.run("MATCH (m:Model) WHERE m.zoo = 'mlp' DETACH DELETE m")       # a graph write lost
         assert store.run("MATCH (m:Model) WHERE m.zoo = 'mlp' RETURN count(m)").rows == [[0]]
-        report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'mlp'", epochs=1, batch_size=16, hidden=8,
+        report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'mlp'", ensemble=1, epochs=1, batch_size=16, hidden=8,
                                                            edge_hidden=4, layers=1, baselines=False),
                                  store=store, progress=False)
         assert report.store_warning is None

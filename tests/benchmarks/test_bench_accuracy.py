@@ -1,0 +1,32 @@
+"""bench_accuracy's table: every method ranked on the same test models, paired against the stronger
+StatNN; a method that scored only a sliver of a fold (the flat-weights MLP on a zoo of many
+shapes) is left out with a line saying so, not ranked on its own tiny test set."""
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_accuracy  # noqa: E402
+
+
+def _fold(rng, n, noise):
+    y = rng.uniform(0.1, 0.9, n)
+    ids = [f"m{rng.integers(1 << 30)}-{i}" for i in range(n)]
+    return {name: {i: (t, t + rng.normal(0, s)) for i, t in zip(ids, y)} for name, s in noise.items()}, ids
+
+
+def test_the_table_pairs_methods_and_leaves_out_slivers():
+    rng = np.random.default_rng(0)
+    per_fold = []
+    for _ in range(3):
+        fold, ids = _fold(rng, 300, {"ngnn": 0.02, "statnn": 0.2, "statnn_mlp": 0.4, "flat_mlp": 0.01})
+        fold["flat_mlp"] = {i: fold["flat_mlp"][i] for i in ids[:3]}       # one shape's 3 test models
+        per_fold.append(fold)
+    lines = bench_accuracy.summarise("cnn", per_fold, resamples=200)
+    assert lines[0].startswith("cnn: 3 folds, test models per fold [300, 300, 300]; paired difference to statnn ")
+    rows = {line.split()[0]: line for line in lines[2:] if not line.strip().startswith("(")}
+    assert set(rows) == {"ngnn", "statnn", "statnn_mlp"}
+    assert rows["ngnn"].rstrip().endswith("*") and rows["statnn"].rstrip().endswith("-")
+    assert rows["statnn_mlp"].rstrip().endswith("*") and "-0." in rows["statnn_mlp"].split("[")[0][-10:]
+    assert lines[-1] == "  (flat_mlp: left out, it scored only [3, 3, 3] of [300, 300, 300] test models)"
