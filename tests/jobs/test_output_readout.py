@@ -30,8 +30,11 @@ def test_output_readout_is_invariant_and_sees_each_output(catalog_dir, kind):
     with torch.no_grad():
         (out0, z0), (out1, z1) = model(batch), model(moved)
     assert z0.shape == (2, model.readout_dim) and model.readout_dim > 12 * 16
-    assert float((out1 - out0).abs().max() / out0.abs().max()) < 1e-5
     assert float((z1 - z0).abs().max() / z0.abs().max()) < 1e-5
+    # the untrained head's scalar is small against its summands (0.036 on one machine's zoo), so the
+    # float32 summation order a permutation changes shows at ~1e-5 of it; a readout that saw the
+    # permutation would be off by orders of magnitude more
+    assert float((out1 - out0).abs().max() / out0.abs().max()) < 1e-4
     # the 10 outputs of a digit classifier fill slots 0..9 of each graph; slots 10 and 11 stay empty
     slots = z0[:, -12 * 16:].reshape(2, 12, 16)
     assert (slots[:, :10].abs().sum(-1) > 0).all() and (slots[:, 10:] == 0).all()
