@@ -47,6 +47,11 @@ class Task:
     def fit_scale(self, train_targets: np.ndarray) -> TargetScale:
         return TargetScale()
 
+    def calibrate(self, out: np.ndarray, targets: np.ndarray, scale: TargetScale) -> TargetScale:
+        """The scale that decodes ``out`` closest to ``targets`` (the validation split's), given the
+        training scale; the training scale itself where the task has nothing to calibrate."""
+        return scale
+
     def encode(self, targets: np.ndarray, scale: TargetScale, device) -> torch.Tensor:
         """Catalog targets of a batch -> what the loss compares the head's output with."""
         raise NotImplementedError
@@ -100,6 +105,23 @@ class Regression(Task):
 
     def fit_scale(self, train_targets):
         return TargetScale(float(np.mean(train_targets)), float(np.std(train_targets) or 1.0))
+
+    def calibrate(self, out, targets, scale, min_models: int = 10):
+        """Least squares ``a * p + b`` from decoded outputs ``p`` to the targets, folded into the scale
+        (``out * a * std + a * mean + b``), so a saved run decodes calibrated predictions unchanged.
+        A linear map with a > 0 keeps every ranking (Kendall tau) and can only lower the squared error
+        where it was fitted; an ensemble's mean, and a member stopped early, are often too narrow.
+        The training scale is kept when fewer than ``min_models`` targets are known, when the
+        predictions are constant, or when the fitted slope is not positive (it would reverse the order)."""
+        p, y = self.decode(out, scale), targets.astype(np.float64)
+        ok = ~np.isnan(y) & np.isfinite(p)
+        p, y = p[ok], y[ok]
+        if len(y) < min_models or np.ptp(p) <= 1e-12 * max(1.0, float(np.abs(p).max())):
+            return scale
+        a, b = np.polyfit(p, y, 1)
+        if not np.isfinite(a) or a <= 0:
+            return scale
+        return TargetScale(float(a * scale.mean + b), float(a * scale.std))
 
     def encode(self, targets, scale, device):
         return torch.tensor((targets - scale.mean) / scale.std, dtype=torch.float32, device=device).unsqueeze(-1)

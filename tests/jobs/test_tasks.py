@@ -46,3 +46,24 @@ def test_tasks_by_name():
     assert set(TASKS) == {"regression", "classification"} and task_named("regression").numeric
     with pytest.raises(ValueError, match="unknown task"):
         task_named("segmentation")
+
+
+def test_regression_calibration_is_a_positive_linear_map_folded_into_the_scale():
+    task, rng = Regression(), np.random.default_rng(0)
+    scale = task.fit_scale(np.array([0.2, 0.5, 0.8]))
+    out = rng.normal(size=(50, 1))
+    raw = task.decode(out, scale)
+    y = 1.5 * raw - 0.1 + rng.normal(scale=1e-3, size=50)
+    y[3] = np.nan                                        # unknown targets are left out of the fit
+    cal = task.calibrate(out, y, scale)
+    assert task.decode(out, cal) == pytest.approx(1.5 * raw - 0.1, abs=2e-3)
+    ok = ~np.isnan(y)
+    assert np.mean((task.decode(out, cal) - y)[ok] ** 2) < np.mean((raw - y)[ok] ** 2)
+    # the order (hence Kendall tau) is kept
+    assert np.array_equal(np.argsort(task.decode(out, cal)), np.argsort(raw))
+    # nothing to fit on, a constant prediction or a reversing slope: the training scale stays
+    assert task.calibrate(out[:5], y[:5], scale) == scale
+    assert task.calibrate(np.zeros((50, 1)), y, scale) == scale
+    assert task.calibrate(out, -y, scale) == scale
+    # a classifier's outputs are not calibrated
+    assert Classification().calibrate(out, y, scale) == scale

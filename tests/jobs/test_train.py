@@ -134,6 +134,50 @@ def test_predictions_are_invariant_and_node_embeddings_equivariant(trained, cnn_
     assert rel(h1, h0) > 1e-3     # the embeddings really moved with the neurons
 
 
+def test_the_saved_calibration_is_the_validation_fit_and_reaches_predict(tmp_path, cnn_zoo):
+    """The run's predictions are a * p + b of the raw outputs, fitted by least squares on the
+    validation split (kept as they are when the slope is not positive): the same order, a validation
+    squared error no larger than uncalibrated, and `jobs predict` decodes them the same way."""
+    import csv
+    import shutil
+
+    zoo = tmp_path / "zoo"
+    shutil.copytree(cnn_zoo, zoo)
+    rows = list(csv.DictReader(open(zoo / "metrics.csv")))
+    for i, r in enumerate(rows):            # enough validation models to fit on (at least 10)
+        r["fold"] = ["train", "val", "train", "val", "test"][i % 5]
+    with open(zoo / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    ingest_zoo(zoo, tmp_path / "cat", progress=False)
+    report = train_heterognn(tmp_path / "cat", TrainConfig(split_column="fold", baselines=False, **FAST),
+                             progress=False)
+    models, meta = load_metanetwork(Catalog(tmp_path / "cat"), report.run_id)
+    con = duck.connect(tmp_path / "cat")
+    got = con.execute("SELECT p.model_id, p.split, p.predicted, m.test_accuracy FROM predictions p JOIN models m "
+                      "USING (model_id) WHERE p.run_id = ?", [report.run_id]).fetchall()
+    split = np.array([r[1] for r in got])
+    cal, y = np.array([r[2] for r in got]), np.array([r[3] for r in got])
+    ys = y[split == "train"]
+    mean, std = float(np.mean(ys)), float(np.std(ys))
+    raw = (cal - meta.scale.mean) / meta.scale.std * std + mean        # the same outputs, the training scale
+    val = split == "val"
+    assert val.sum() >= 10
+    a, b = np.polyfit(raw[val], y[val], 1)
+    if a > 0:
+        assert cal == pytest.approx(a * raw + b, abs=1e-6)
+        assert np.mean((cal[val] - y[val]) ** 2) <= np.mean((raw[val] - y[val]) ** 2) + 1e-12
+    else:
+        assert (meta.scale.mean, meta.scale.std) == pytest.approx((mean, std))
+    assert kendall_tau(y, cal) == pytest.approx(kendall_tau(y, raw))
+    predict(tmp_path / "cat", report.run_id, where="true")
+    con = duck.connect(tmp_path / "cat")          # a new connection sees the new run
+    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE starts_with(run_id, ?)",
+                             [report.run_id + "-predict-"]).fetchall())
+    assert len(again) == len(got) and all(abs(again[m] - v) < 1e-5 for m, _, v, _ in got)
+
+
 def test_an_ensemble_averages_its_members(catalog_copy):
     report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", **{**FAST, "ensemble": 2}), progress=False)
     models, meta = load_metanetwork(Catalog(catalog_copy), report.run_id)
