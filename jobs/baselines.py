@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from jobs.data import Selection
 from jobs.tasks import task_named
+from pipeline.neural_graph.vocabulary import UNIT_RELATIONS
 
 QUANTILES = [0.0, 0.25, 0.5, 0.75, 1.0]
 STAT_NAMES = ["mean", "var"] + [f"q{int(q * 100)}" for q in QUANTILES]
@@ -30,7 +31,8 @@ MAX_LAYERS = 16
 WEIGHT_STATS = (
     "SELECT model_id, layer, avg(x), var_pop(x), quantile_cont(x, [0.0, 0.25, 0.5, 0.75, 1.0]) FROM "
     "(SELECT model_id, layer, unnest(weight) AS x FROM edges JOIN _sel USING (model_id) "
-    " WHERE CAST(relation AS VARCHAR) NOT IN ('residual', 'gate')) WHERE x <> 0 GROUP BY model_id, layer")
+    f" WHERE CAST(relation AS VARCHAR) NOT IN ({', '.join(repr(r) for r in UNIT_RELATIONS)})) WHERE x <> 0"
+    " GROUP BY model_id, layer")
 BIAS_STATS = (
     "SELECT model_id, layer, avg(bias), var_pop(bias), quantile_cont(bias, [0.0, 0.25, 0.5, 0.75, 1.0]) "
     "FROM nodes JOIN _sel USING (model_id) WHERE CAST(node_type AS VARCHAR) <> 'input' GROUP BY model_id, layer")
@@ -53,13 +55,13 @@ def statnn_features(con, model_ids: Sequence[str]) -> np.ndarray:
 
 def statnn_features_of_graphs(graphs: Sequence) -> np.ndarray:
     """``statnn_features`` of in-memory NeuralGraphs (e.g. rescaled test models), computed as the
-    SQL does: weights by operation without residual and gate edges (constant 1), non-zero values only; biases by neuron
+    SQL does: weights by operation without the edges of weight 1 (``UNIT_RELATIONS``), non-zero values only; biases by neuron
     layer without input nodes; population variance, linearly interpolated quantiles."""
-    from pipeline.neural_graph.vocabulary import NODE_TYPES, RELATIONS
+    from pipeline.neural_graph.vocabulary import NODE_TYPES, RELATIONS, UNIT_RELATIONS
 
     width = len(STAT_NAMES)
     feats = np.full((len(graphs), 2, MAX_LAYERS, width), np.nan)
-    unit, inp = [RELATIONS.index("residual"), RELATIONS.index("gate")], NODE_TYPES.index("input")
+    unit, inp = [RELATIONS.index(r) for r in UNIT_RELATIONS], NODE_TYPES.index("input")
 
     def stats(x):
         return [x.mean(), x.var(), *np.quantile(x, QUANTILES)]

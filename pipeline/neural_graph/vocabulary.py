@@ -22,6 +22,8 @@ RELATIONS = ("linear", "conv", "norm", "residual", "embedding", "attn_q", "attn_
 # Relations with one edge per destination neuron (channel c to channel c; attn_bias / attn_scale: a
 # head's score bias / score scale neuron to each query neuron of that head).
 DIAGONAL_RELATIONS = ("norm", "residual", "gate", "attn_bias", "attn_scale")
+# Relations whose edges all weigh 1 (structure, not parameters): statistics of weights leave them out.
+UNIT_RELATIONS = ("residual", "gate", "attn_bias", "attn_scale")
 
 SCALE, SIGN = "scale", "sign"          # f(s x) = s f(x) for every s > 0; f(-x) = -f(x)
 
