@@ -46,17 +46,12 @@ def overrides(pairs: list[str]) -> dict:
     from dataclasses import fields
 
     from jobs.train import TrainConfig
+    from zoocore.settings import typed_pairs
 
-    types = {f.name: f.type for f in fields(TrainConfig)}
-    out = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        if key not in types:
-            raise SystemExit(f"--set {pair}: TrainConfig has no field {key!r}; fields: {', '.join(sorted(types))}")
-        kind = types[key] if isinstance(types[key], str) else types[key].__name__
-        out[key] = (value.lower() in ("1", "true", "yes") if kind == "bool" else int(value) if kind == "int"
-                    else float(value) if kind == "float" else value)
-    return out
+    try:
+        return typed_pairs(pairs, {f.name: f.type for f in fields(TrainConfig)}, "TrainConfig")
+    except ValueError as exc:
+        raise SystemExit(f"--set {exc}") from None
 
 
 def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: int, baselines: bool,

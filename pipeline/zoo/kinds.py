@@ -26,6 +26,7 @@ from pipeline.datasets import MLP_DATASETS, digits, digits_split, tabular
 from pipeline.spec import build_module
 from pipeline.zoo.equivariant import SETTINGS as EQUIVARIANT_SETTINGS, mlp_equivariant_recipe
 from pipeline.zoo.training import ModelRecipe, fit_classifier, init_weights
+from zoocore.settings import typed_pairs
 from zoocore.errors import ZooGraphError
 
 
@@ -179,20 +180,13 @@ RECIPE_SETTINGS: dict[str, dict[str, type]] = {"mlp-equivariant": EQUIVARIANT_SE
 
 def recipe_settings(kind: str, pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """``KEY=VALUE`` strings -> the kind's recipe settings, typed; unknown keys and bad values refused."""
-    known = RECIPE_SETTINGS.get(kind, {})
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in known:
-            choices = ", ".join(sorted(known)) or "none"
-            raise ZooGraphError(f"{pair!r}: {kind} takes KEY=VALUE with KEY one of: {choices}")
-        try:
-            out[key] = known[key](value)
-        except ValueError:
-            raise ZooGraphError(f"{pair!r}: {key} must be {'an integer' if known[key] is int else 'a number'}") from None
-        if out[key] < 0 or (key == "epochs" and out[key] < 1):
-            raise ZooGraphError(f"{pair!r}: {key} must be {'at least 1' if key == 'epochs' else 'non-negative'}")
+    try:
+        out = typed_pairs(pairs, RECIPE_SETTINGS.get(kind, {}), kind)
+    except ValueError as exc:
+        raise ZooGraphError(str(exc)) from None
+    for key, value in out.items():
+        if value < 0 or (key == "epochs" and value < 1):
+            raise ZooGraphError(f"{key}={value}: {key} must be {'at least 1' if key == 'epochs' else 'non-negative'}")
     return out
 
 

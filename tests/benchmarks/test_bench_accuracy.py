@@ -30,3 +30,14 @@ def test_the_table_pairs_methods_and_leaves_out_slivers():
     assert rows["ngnn"].rstrip().endswith("*") and rows["statnn"].rstrip().endswith("-")
     assert rows["statnn_mlp"].rstrip().endswith("*") and "-0." in rows["statnn_mlp"].split("[")[0][-10:]
     assert lines[-1] == "  (flat_mlp: left out, it scored only [3, 3, 3] of [300, 300, 300] test models)"
+
+
+def test_levers_are_trainconfig_fields_typed_or_refused():
+    assert bench_accuracy.overrides(["scale_augment=2", "ensemble=1", "bn_stats=false", "model=ngt"]) == {
+        "scale_augment": 2.0, "ensemble": 1, "bn_stats": False, "model": "ngt"}
+    try:
+        bench_accuracy.overrides(["layer=5"])
+    except SystemExit as exc:
+        assert "one of:" in str(exc) and "layers" in str(exc)
+    else:
+        raise AssertionError("an unknown field was taken")
