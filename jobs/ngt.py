@@ -3,9 +3,7 @@
 Relational attention over the neural graph: every neuron attends to the neurons it is connected
 to (forward and reverse edges of every relation, and itself), edge features modulate the attention
 scores and, FiLM-style, the values (``V_uv = gamma(e_uv) * V_u + beta(e_uv)``), and edge features are
-updated every layer from their endpoints. Softmax attention takes a weighted mean, blind to how many
-neurons a neuron is connected to (a layer's width): with ``degree_scaler`` the attended values are
-also read scaled by log(1 + degree), as NG-GNN's PNA scalers read them. Node encodings (hidden positions shared per layer, own
+updated every layer from their endpoints. Node encodings (hidden positions shared per layer, own
 positions for inputs and outputs, activation embeddings), the invariant readout, the head and the
 optional quasi-equivariant scaling are NG-GNN's (``NGT`` only replaces the propagation), so both
 metanetworks read the same batched DGL heterographs and train, save and predict the same way.
@@ -35,7 +33,6 @@ class FlatEdges:
     offsets: dict[str, int]
     counts: dict[str, int]
     parts: list[tuple[tuple, int, int]]          # (etype, first edge, end) in the flat edge order
-    log_degree: torch.Tensor                     # log(1 + in-degree) per node, its self-loop included
 
 
 def flat_edges(g: dgl.DGLHeteroGraph, etypes, structure) -> FlatEdges:
@@ -57,14 +54,13 @@ def flat_edges(g: dgl.DGLHeteroGraph, etypes, structure) -> FlatEdges:
     src.append(loops)
     dst.append(loops)
     hg = dgl.graph((torch.cat(src), torch.cat(dst)), num_nodes=total, device=g.device)
-    return FlatEdges(hg, offsets, counts, parts, torch.log1p(hg.in_degrees().float()))
+    return FlatEdges(hg, offsets, counts, parts)
 
 
 class RelationalAttentionLayer(nn.Module):
     """One NG-T layer: multi-head relational attention, a feed-forward block, an edge update."""
 
-    def __init__(self, etypes, hidden: int, edge_hidden: int, heads: int = 4, dropout: float = 0.0,
-                 degree_scaler: bool = False):
+    def __init__(self, etypes, hidden: int, edge_hidden: int, heads: int = 4, dropout: float = 0.0):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not a multiple of {heads} heads")
@@ -73,8 +69,7 @@ class RelationalAttentionLayer(nn.Module):
         self.score = nn.Linear(edge_hidden, heads)            # edge term of the attention score
         self.film = nn.Linear(edge_hidden, 2 * hidden)        # gamma, beta of the values
         self.self_edge = nn.Parameter(torch.zeros(edge_hidden))
-        self.degree_scaler = degree_scaler
-        self.out = nn.Linear(2 * hidden if degree_scaler else hidden, hidden)
+        self.out = nn.Linear(hidden, hidden)
         self.ffn = mlp(hidden, 2 * hidden, hidden)
         self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.drop = nn.Dropout(dropout)
@@ -92,10 +87,7 @@ class RelationalAttentionLayer(nn.Module):
         vals = gamma * v.index_select(0, src) + beta
         agg = torch.zeros(n, self.heads, self.dk, dtype=x.dtype, device=x.device)
         agg.index_add_(0, dst, attn.unsqueeze(-1) * vals)
-        agg = agg.reshape(n, H)
-        if self.degree_scaler:      # softmax attention averages: how many neurons a neuron meets is lost
-            agg = torch.cat([agg, agg * flat.log_degree.unsqueeze(-1)], -1)
-        x = self.norm1(x + self.drop(self.out(agg)))
+        x = self.norm1(x + self.drop(self.out(agg.reshape(n, H))))
         x = self.norm2(x + self.drop(self.ffn(x)))
         new_e = {}
         for et, a, b in flat.parts:
@@ -111,8 +103,7 @@ class NGT(NGGNN):
     def __init__(self, cfg: NGGNNConfig):
         super().__init__(cfg)
         self.layers = nn.ModuleList(RelationalAttentionLayer(cfg.etypes, cfg.hidden, cfg.edge_hidden,
-                                                             heads=cfg.heads, dropout=cfg.dropout,
-                                                             degree_scaler=cfg.degree_scaler)
+                                                             heads=cfg.heads, dropout=cfg.dropout)
                                     for _ in range(cfg.layers))
 
     def propagate(self, g, h: dict, e: dict, structure: dict) -> tuple[dict, dict]:
