@@ -33,6 +33,7 @@ class FlatEdges:
     offsets: dict[str, int]
     counts: dict[str, int]
     parts: list[tuple[tuple, int, int]]          # (etype, first edge, end) in the flat edge order
+    reverse: torch.Tensor                        # per flat edge: 1 on reverse types (rev_*), 0 else (self-loops too)
 
 
 def flat_edges(g: dgl.DGLHeteroGraph, etypes, structure) -> FlatEdges:
@@ -40,27 +41,40 @@ def flat_edges(g: dgl.DGLHeteroGraph, etypes, structure) -> FlatEdges:
     offsets, total = {}, 0
     for t in NODE_TYPES:
         offsets[t], total = total, total + counts[t]
-    src, dst, parts, start = [], [], [], 0
+    src, dst, parts, reverse, start = [], [], [], [], 0
     for et in etypes:
         ix = structure.get(tuple(et))
         if ix is None:
             continue
-        s, _, d = et
+        s, r, d = et
         src.append(ix.src + offsets[s])
         dst.append(ix.dst + offsets[d])
+        reverse.append(torch.full((len(ix.src),), int(r.startswith("rev_")), device=g.device))
         parts.append((tuple(et), start, start + len(ix.src)))
         start += len(ix.src)
     loops = torch.arange(total, device=g.device)
     src.append(loops)
     dst.append(loops)
+    reverse.append(torch.zeros(total, dtype=torch.long, device=g.device))
     hg = dgl.graph((torch.cat(src), torch.cat(dst)), num_nodes=total, device=g.device)
-    return FlatEdges(hg, offsets, counts, parts)
+    return FlatEdges(hg, offsets, counts, parts, torch.cat(reverse).long())
+
+
+def group_softmax(logits: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Softmax of ``logits`` (E, heads) over the edges of each group (``group``: (E,) in 0..n_groups-1)."""
+    idx = group.unsqueeze(-1).expand_as(logits)
+    top = torch.full((n_groups, logits.shape[1]), -torch.inf, dtype=logits.dtype, device=logits.device)
+    top = top.scatter_reduce(0, idx, logits, "amax", include_self=True)
+    ex = (logits - top.index_select(0, group)).exp()
+    total = torch.zeros_like(top).index_add_(0, group, ex)
+    return ex / total.index_select(0, group)
 
 
 class RelationalAttentionLayer(nn.Module):
     """One NG-T layer: multi-head relational attention, a feed-forward block, an edge update."""
 
-    def __init__(self, etypes, hidden: int, edge_hidden: int, heads: int = 4, dropout: float = 0.0):
+    def __init__(self, etypes, hidden: int, edge_hidden: int, heads: int = 4, dropout: float = 0.0,
+                 split_directions: bool = False):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not a multiple of {heads} heads")
@@ -69,7 +83,8 @@ class RelationalAttentionLayer(nn.Module):
         self.score = nn.Linear(edge_hidden, heads)            # edge term of the attention score
         self.film = nn.Linear(edge_hidden, 2 * hidden)        # gamma, beta of the values
         self.self_edge = nn.Parameter(torch.zeros(edge_hidden))
-        self.out = nn.Linear(hidden, hidden)
+        self.split = split_directions
+        self.out = nn.Linear(2 * hidden if split_directions else hidden, hidden)
         self.ffn = mlp(hidden, 2 * hidden, hidden)
         self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.drop = nn.Dropout(dropout)
@@ -82,12 +97,20 @@ class RelationalAttentionLayer(nn.Module):
         src, dst = flat.graph.edges()
         q, k, v = self.qkv(x).view(n, 3, self.heads, self.dk).unbind(1)
         logits = (q.index_select(0, dst) * k.index_select(0, src)).sum(-1) / math.sqrt(self.dk) + self.score(ef)
-        attn = dgl.ops.edge_softmax(flat.graph, logits)                                     # (E + N, heads)
         gamma, beta = self.film(ef).view(-1, 2, self.heads, self.dk).unbind(1)
         vals = gamma * v.index_select(0, src) + beta
-        agg = torch.zeros(n, self.heads, self.dk, dtype=x.dtype, device=x.device)
-        agg.index_add_(0, dst, attn.unsqueeze(-1) * vals)
-        x = self.norm1(x + self.drop(self.out(agg.reshape(n, H))))
+        if self.split:      # a softmax over in-edges (and self) and one over reverse edges, read side by side
+            group = dst * 2 + flat.reverse
+            attn = group_softmax(logits, group, 2 * n)
+            agg = torch.zeros(2 * n, self.heads, self.dk, dtype=x.dtype, device=x.device)
+            agg.index_add_(0, group, attn.unsqueeze(-1) * vals)
+            agg = agg.reshape(n, 2 * H)
+        else:
+            attn = dgl.ops.edge_softmax(flat.graph, logits)                                 # (E + N, heads)
+            agg = torch.zeros(n, self.heads, self.dk, dtype=x.dtype, device=x.device)
+            agg.index_add_(0, dst, attn.unsqueeze(-1) * vals)
+            agg = agg.reshape(n, H)
+        x = self.norm1(x + self.drop(self.out(agg)))
         x = self.norm2(x + self.drop(self.ffn(x)))
         new_e = {}
         for et, a, b in flat.parts:
@@ -103,7 +126,8 @@ class NGT(NGGNN):
     def __init__(self, cfg: NGGNNConfig):
         super().__init__(cfg)
         self.layers = nn.ModuleList(RelationalAttentionLayer(cfg.etypes, cfg.hidden, cfg.edge_hidden,
-                                                             heads=cfg.heads, dropout=cfg.dropout)
+                                                             heads=cfg.heads, dropout=cfg.dropout,
+                                                             split_directions=cfg.split_directions)
                                     for _ in range(cfg.layers))
 
     def propagate(self, g, h: dict, e: dict, structure: dict) -> tuple[dict, dict]:

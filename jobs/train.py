@@ -93,6 +93,7 @@ class ModelConfig:
     readout_outputs: int = 10          # the readout also reads output neurons 0..K-1 (jobs.ngnn); 0 = off.
                                        # bench_accuracy (quick, 3 folds): NG-GNN tau +0.019 diverse, +0.004 fixed
     fourier: int = 32                  # F > 0: random Fourier features of weights and biases (jobs.ngnn); 0 = off
+    split_directions: bool = False     # NG-T: attend to in-edges and to reverse edges in two softmaxes (jobs.ngt)
 
 
 @dataclass
@@ -109,7 +110,8 @@ def metanet_config(model: ModelConfig, etypes, frame: tuple[int, int], out_dim: 
     return NGGNNConfig(etypes=etypes, edge_in=frame[0] * frame[1], out_dim=out_dim, hidden=model.hidden,
                        edge_hidden=model.edge_hidden, layers=model.layers, dropout=model.dropout, probes=model.probes,
                        quasi=model.quasi, quasi_eps=model.quasi_eps, kind=model.model,
-                       readout_outputs=model.readout_outputs, fourier=model.fourier)
+                       readout_outputs=model.readout_outputs, fourier=model.fourier,
+                       split_directions=model.split_directions)
 
 
 @dataclass
