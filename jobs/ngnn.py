@@ -44,7 +44,7 @@ class NGGNNConfig:
     heads: int = 4               # attention heads (ngt)
     readout_outputs: int = 0     # K > 0: the readout also holds the embeddings of output neurons 0..K-1, in order
     fourier: int = 0             # F > 0: random Fourier features (F frequencies) of edge weights and biases
-    split_directions: bool = False   # ngt: one attention softmax over in-edges, one over reverse edges (jobs.ngt)
+    attention_groups: str = "all"    # ngt: the softmax runs over all / per direction / per relation (jobs.ngt)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -24,6 +24,9 @@ from jobs.ngnn import NGGNN, NGGNNConfig, _key, mlp
 from pipeline.neural_graph.vocabulary import NODE_TYPES
 
 
+ATTENTION_GROUPS = ("all", "direction", "relation")
+
+
 @dataclass
 class FlatEdges:
     """All edges of a batched heterograph with node ids into the concatenation of the node types
@@ -34,6 +37,7 @@ class FlatEdges:
     counts: dict[str, int]
     parts: list[tuple[tuple, int, int]]          # (etype, first edge, end) in the flat edge order
     reverse: torch.Tensor                        # per flat edge: 1 on reverse types (rev_*), 0 else (self-loops too)
+    relation: torch.Tensor                       # per flat edge: its etype's index in etypes, len(etypes) for self-loops
 
 
 def flat_edges(g: dgl.DGLHeteroGraph, etypes, structure) -> FlatEdges:
@@ -41,8 +45,8 @@ def flat_edges(g: dgl.DGLHeteroGraph, etypes, structure) -> FlatEdges:
     offsets, total = {}, 0
     for t in NODE_TYPES:
         offsets[t], total = total, total + counts[t]
-    src, dst, parts, reverse, start = [], [], [], [], 0
-    for et in etypes:
+    src, dst, parts, reverse, relation, start = [], [], [], [], [], 0
+    for i, et in enumerate(etypes):
         ix = structure.get(tuple(et))
         if ix is None:
             continue
@@ -50,14 +54,16 @@ def flat_edges(g: dgl.DGLHeteroGraph, etypes, structure) -> FlatEdges:
         src.append(ix.src + offsets[s])
         dst.append(ix.dst + offsets[d])
         reverse.append(torch.full((len(ix.src),), int(r.startswith("rev_")), device=g.device))
+        relation.append(torch.full((len(ix.src),), i, device=g.device))
         parts.append((tuple(et), start, start + len(ix.src)))
         start += len(ix.src)
     loops = torch.arange(total, device=g.device)
     src.append(loops)
     dst.append(loops)
     reverse.append(torch.zeros(total, dtype=torch.long, device=g.device))
+    relation.append(torch.full((total,), len(etypes), device=g.device))
     hg = dgl.graph((torch.cat(src), torch.cat(dst)), num_nodes=total, device=g.device)
-    return FlatEdges(hg, offsets, counts, parts, torch.cat(reverse).long())
+    return FlatEdges(hg, offsets, counts, parts, torch.cat(reverse).long(), torch.cat(relation).long())
 
 
 def group_softmax(logits: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:
@@ -74,7 +80,7 @@ class RelationalAttentionLayer(nn.Module):
     """One NG-T layer: multi-head relational attention, a feed-forward block, an edge update."""
 
     def __init__(self, etypes, hidden: int, edge_hidden: int, heads: int = 4, dropout: float = 0.0,
-                 split_directions: bool = False):
+                 attention_groups: str = "all"):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not a multiple of {heads} heads")
@@ -83,8 +89,11 @@ class RelationalAttentionLayer(nn.Module):
         self.score = nn.Linear(edge_hidden, heads)            # edge term of the attention score
         self.film = nn.Linear(edge_hidden, 2 * hidden)        # gamma, beta of the values
         self.self_edge = nn.Parameter(torch.zeros(edge_hidden))
-        self.split = split_directions
-        self.out = nn.Linear(2 * hidden if split_directions else hidden, hidden)
+        if attention_groups not in ATTENTION_GROUPS:
+            raise ValueError(f"attention_groups {attention_groups!r}: one of {', '.join(ATTENTION_GROUPS)}")
+        self.groups = attention_groups
+        self.n_groups = {"all": 1, "direction": 2, "relation": len(etypes) + 1}[attention_groups]
+        self.out = nn.Linear(self.n_groups * hidden, hidden)
         self.ffn = mlp(hidden, 2 * hidden, hidden)
         self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.drop = nn.Dropout(dropout)
@@ -99,17 +108,16 @@ class RelationalAttentionLayer(nn.Module):
         logits = (q.index_select(0, dst) * k.index_select(0, src)).sum(-1) / math.sqrt(self.dk) + self.score(ef)
         gamma, beta = self.film(ef).view(-1, 2, self.heads, self.dk).unbind(1)
         vals = gamma * v.index_select(0, src) + beta
-        if self.split:      # a softmax over in-edges (and self) and one over reverse edges, read side by side
+        if self.groups == "all":
+            group = dst
+        elif self.groups == "direction":    # in-edges and self | reverse edges
             group = dst * 2 + flat.reverse
-            attn = group_softmax(logits, group, 2 * n)
-            agg = torch.zeros(2 * n, self.heads, self.dk, dtype=x.dtype, device=x.device)
-            agg.index_add_(0, group, attn.unsqueeze(-1) * vals)
-            agg = agg.reshape(n, 2 * H)
-        else:
-            attn = dgl.ops.edge_softmax(flat.graph, logits)                                 # (E + N, heads)
-            agg = torch.zeros(n, self.heads, self.dk, dtype=x.dtype, device=x.device)
-            agg.index_add_(0, dst, attn.unsqueeze(-1) * vals)
-            agg = agg.reshape(n, H)
+        else:                               # each edge type, and self
+            group = dst * self.n_groups + flat.relation
+        attn = group_softmax(logits, group, n * self.n_groups)
+        agg = torch.zeros(n * self.n_groups, self.heads, self.dk, dtype=x.dtype, device=x.device)
+        agg.index_add_(0, group, attn.unsqueeze(-1) * vals)
+        agg = agg.reshape(n, self.n_groups * H)
         x = self.norm1(x + self.drop(self.out(agg)))
         x = self.norm2(x + self.drop(self.ffn(x)))
         new_e = {}
@@ -127,7 +135,7 @@ class NGT(NGGNN):
         super().__init__(cfg)
         self.layers = nn.ModuleList(RelationalAttentionLayer(cfg.etypes, cfg.hidden, cfg.edge_hidden,
                                                              heads=cfg.heads, dropout=cfg.dropout,
-                                                             split_directions=cfg.split_directions)
+                                                             attention_groups=cfg.attention_groups)
                                     for _ in range(cfg.layers))
 
     def propagate(self, g, h: dict, e: dict, structure: dict) -> tuple[dict, dict]:

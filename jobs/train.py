@@ -93,7 +93,7 @@ class ModelConfig:
     readout_outputs: int = 10          # the readout also reads output neurons 0..K-1 (jobs.ngnn); 0 = off.
                                        # bench_accuracy (quick, 3 folds): NG-GNN tau +0.019 diverse, +0.004 fixed
     fourier: int = 32                  # F > 0: random Fourier features of weights and biases (jobs.ngnn); 0 = off
-    split_directions: bool = False     # NG-T: attend to in-edges and to reverse edges in two softmaxes (jobs.ngt)
+    attention_groups: str = "all"      # NG-T: one softmax over all edges, per direction, or per relation (jobs.ngt)
 
 
 @dataclass
@@ -111,7 +111,7 @@ def metanet_config(model: ModelConfig, etypes, frame: tuple[int, int], out_dim: 
                        edge_hidden=model.edge_hidden, layers=model.layers, dropout=model.dropout, probes=model.probes,
                        quasi=model.quasi, quasi_eps=model.quasi_eps, kind=model.model,
                        readout_outputs=model.readout_outputs, fourier=model.fourier,
-                       split_directions=model.split_directions)
+                       attention_groups=model.attention_groups)
 
 
 @dataclass

@@ -17,7 +17,8 @@ from pipeline.neural_graph.symmetry import random_hidden_permutation
 FAST = dict(ensemble=1, epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2)
 
 
-@pytest.mark.parametrize("zoo,seed,split", [("cnn", 0, False), ("cnn", 1, True), ("mlp", 2, True)])
+@pytest.mark.parametrize("zoo,seed,split", [("cnn", 0, "all"), ("cnn", 1, "direction"), ("cnn", 2, "relation"),
+                                                ("mlp", 2, "relation")])
 def test_predictions_are_invariant_and_node_embeddings_equivariant(catalog_dir, zoo, seed, split):
     con = duck.connect(catalog_dir)
     sel = select_models(con, "test_accuracy", f"zoo = '{zoo}'", catalog=catalog_dir)
@@ -25,8 +26,8 @@ def test_predictions_are_invariant_and_node_embeddings_equivariant(catalog_dir, 
     torch.manual_seed(seed)
     model = build_metanetwork(NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=3,
                                           hidden=16, edge_hidden=8, layers=2, kind="ngt",
-                                          split_directions=split)).eval()
-    assert isinstance(model, NGT) and model.layers[0].split == split
+                                          attention_groups=split)).eval()
+    assert isinstance(model, NGT) and model.layers[0].groups == split
     graph, = read_graphs(con, [sel.model_ids[seed]])
     perm = random_hidden_permutation(graph, np.random.default_rng(seed))
     assert (perm != np.arange(len(perm))).any()
