@@ -107,3 +107,23 @@ def test_both_metanetworks_take_the_users_split_column(tmp_path, cnn_zoo):
         got = dict(con.execute("SELECT m.checkpoint, p.split FROM predictions p JOIN models m USING (model_id) "
                                "WHERE p.run_id = ?", [report.run_id]).fetchall())
         assert got == {r["checkpoint"]: r["fold"] for r in rows}
+
+
+def test_group_softmax_is_dgls_edge_softmax_per_group():
+    import dgl
+
+    from jobs.ngt import group_softmax
+
+    gen = torch.Generator().manual_seed(0)
+    src, dst = torch.randint(0, 6, (40,), generator=gen), torch.randint(0, 6, (40,), generator=gen)
+    logits = torch.randn(40, 3, generator=gen) * 5
+    got = group_softmax(logits, dst, 6)
+    torch.testing.assert_close(got, dgl.ops.edge_softmax(dgl.graph((src, dst), num_nodes=6), logits))
+    # finer groups (destination x a label): each group sums to one on its own
+    label = torch.randint(0, 2, (40,), generator=gen)
+    per = group_softmax(logits, dst * 2 + label, 12)
+    sums = torch.zeros(12, 3).index_add_(0, dst * 2 + label, per)
+    present = torch.zeros(12, dtype=torch.bool)
+    present[dst * 2 + label] = True
+    torch.testing.assert_close(sums[present], torch.ones(int(present.sum()), 3))
+    assert (sums[~present] == 0).all()
