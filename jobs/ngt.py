@@ -3,7 +3,10 @@
 Relational attention over the neural graph: every neuron attends to the neurons it is connected
 to (forward and reverse edges of every relation, and itself), edge features modulate the attention
 scores and, FiLM-style, the values (``V_uv = gamma(e_uv) * V_u + beta(e_uv)``), and edge features are
-updated every layer from their endpoints. Node encodings (hidden positions shared per layer, own
+updated every layer from their endpoints. ``attention_groups`` says what one softmax runs over: all
+of a neuron's edges and itself (``all``), its in-edges and itself apart from its reverse edges
+(``direction``), or each edge type apart (``relation``); the groups' attended values are read side
+by side (bench_accuracy: none beat ``all`` as an ensemble, README). Node encodings (hidden positions shared per layer, own
 positions for inputs and outputs, activation embeddings), the invariant readout, the head and the
 optional quasi-equivariant scaling are NG-GNN's (``NGT`` only replaces the propagation), so both
 metanetworks read the same batched DGL heterographs and train, save and predict the same way.
