@@ -71,7 +71,7 @@ class OptimConfig:
     ensemble: int = 3                  # metanetworks trained with seeds seed..seed+K-1, outputs averaged; three
                                        # 10-epoch members beat one 30-epoch model (bench_accuracy --full, README)
     calibrate: bool = True             # regression: a * p + b fitted on the validation split (jobs.tasks);
-                                       # full mode, both zoos: MAE 0.064 -> 0.061 fixed, 0.096 -> 0.095 diverse
+                                       # NG-GNN, full mode: MAE 0.064 -> 0.061 fixed zoo, 0.0961 -> 0.0959 diverse
     seed: int = 0
     device: str = "cpu"
     max_train_batches: int | None = None   # cap per epoch (smoke runs); None = all
