@@ -7,7 +7,7 @@ import sys
 import click
 
 from graphstore.options import existing_catalog, open_store_from_options, optional_store, store_options
-from jobs.metanets import METANETWORKS
+from jobs.metanets import ATTENTION_GROUPS, METANETWORKS
 from zoocore.cli import catalog_option, format_rows, translate_errors
 
 
@@ -94,7 +94,7 @@ def _device_option(fn):
 @click.option("--model", "metanet", type=click.Choice(list(METANETWORKS)), default="ngnn", show_default=True,
               help="The metanetwork: ngnn (relational PNA message passing) or ngt (relational-attention "
                    "transformer); `jobs predict` reads it from the run.")
-@click.option("--attention-groups", type=click.Choice(["all", "direction", "relation"]), default="all",
+@click.option("--attention-groups", type=click.Choice(list(ATTENTION_GROUPS)), default="all",
               show_default=True,
               help="NG-T: what one attention softmax runs over: all of a neuron's edges, its in-edges and its "
                    "reverse edges apart (direction), or each edge type apart (relation); the groups' values are "

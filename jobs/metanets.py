@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from jobs.ngnn import NGGNN, NGGNNConfig
 
 METANETWORKS = {"ngnn": "jobs.ngnn:NGGNN", "ngt": "jobs.ngt:NGT"}
+# what one NG-T attention softmax runs over (jobs.ngt): all edges, per direction, per edge type
+ATTENTION_GROUPS = ("all", "direction", "relation")
 
 
 def metanetwork_class(kind: str) -> type:

@@ -23,11 +23,9 @@ import dgl
 import torch
 from torch import nn
 
+from jobs.metanets import ATTENTION_GROUPS
 from jobs.ngnn import NGGNN, NGGNNConfig, _key, mlp
 from pipeline.neural_graph.vocabulary import NODE_TYPES
-
-
-ATTENTION_GROUPS = ("all", "direction", "relation")
 
 
 @dataclass
@@ -39,7 +37,6 @@ class FlatEdges:
     offsets: dict[str, int]
     counts: dict[str, int]
     parts: list[tuple[tuple, int, int]]          # (etype, first edge, end) in the flat edge order
-    reverse: torch.Tensor                        # per flat edge: 1 on reverse types (rev_*), 0 else (self-loops too)
     relation: torch.Tensor                       # per flat edge: its etype's index in etypes, len(etypes) for self-loops
 
 
@@ -48,25 +45,23 @@ def flat_edges(g: dgl.DGLHeteroGraph, etypes, structure) -> FlatEdges:
     offsets, total = {}, 0
     for t in NODE_TYPES:
         offsets[t], total = total, total + counts[t]
-    src, dst, parts, reverse, relation, start = [], [], [], [], [], 0
+    src, dst, parts, relation, start = [], [], [], [], 0
     for i, et in enumerate(etypes):
         ix = structure.get(tuple(et))
         if ix is None:
             continue
-        s, r, d = et
+        s, _, d = et
         src.append(ix.src + offsets[s])
         dst.append(ix.dst + offsets[d])
-        reverse.append(torch.full((len(ix.src),), int(r.startswith("rev_")), device=g.device))
         relation.append(torch.full((len(ix.src),), i, device=g.device))
         parts.append((tuple(et), start, start + len(ix.src)))
         start += len(ix.src)
     loops = torch.arange(total, device=g.device)
     src.append(loops)
     dst.append(loops)
-    reverse.append(torch.zeros(total, dtype=torch.long, device=g.device))
     relation.append(torch.full((total,), len(etypes), device=g.device))
     hg = dgl.graph((torch.cat(src), torch.cat(dst)), num_nodes=total, device=g.device)
-    return FlatEdges(hg, offsets, counts, parts, torch.cat(reverse).long(), torch.cat(relation).long())
+    return FlatEdges(hg, offsets, counts, parts, torch.cat(relation).long())
 
 
 def group_softmax(logits: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:
@@ -96,6 +91,9 @@ class RelationalAttentionLayer(nn.Module):
             raise ValueError(f"attention_groups {attention_groups!r}: one of {', '.join(ATTENTION_GROUPS)}")
         self.groups = attention_groups
         self.n_groups = {"all": 1, "direction": 2, "relation": len(etypes) + 1}[attention_groups]
+        # per relation index (the last: self-loops): 1 for reverse types, the direction group of an edge
+        self.register_buffer("reverse", torch.tensor([int(r.startswith("rev_")) for _, r, _ in etypes] + [0]),
+                             persistent=False)
         self.out = nn.Linear(self.n_groups * hidden, hidden)
         self.ffn = mlp(hidden, 2 * hidden, hidden)
         self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
@@ -114,7 +112,7 @@ class RelationalAttentionLayer(nn.Module):
         if self.groups == "all":
             group = dst
         elif self.groups == "direction":    # in-edges and self | reverse edges
-            group = dst * 2 + flat.reverse
+            group = dst * 2 + self.reverse[flat.relation]
         else:                               # each edge type, and self
             group = dst * self.n_groups + flat.relation
         attn = group_softmax(logits, group, n * self.n_groups)
