@@ -78,7 +78,7 @@ class RelationalAttentionLayer(nn.Module):
     """One NG-T layer: multi-head relational attention, a feed-forward block, an edge update."""
 
     def __init__(self, etypes, hidden: int, edge_hidden: int, heads: int = 4, dropout: float = 0.0,
-                 attention_groups: str = "all"):
+                 attention_groups: str = "all", attention_std: bool = False):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not a multiple of {heads} heads")
@@ -94,7 +94,8 @@ class RelationalAttentionLayer(nn.Module):
         # per relation index (the last: self-loops): 1 for reverse types, the direction group of an edge
         self.register_buffer("reverse", torch.tensor([int(r.startswith("rev_")) for _, r, _ in etypes] + [0]),
                              persistent=False)
-        self.out = nn.Linear(self.n_groups * hidden, hidden)
+        self.attention_std = attention_std
+        self.out = nn.Linear((1 + attention_std) * self.n_groups * hidden, hidden)
         self.ffn = mlp(hidden, 2 * hidden, hidden)
         self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.drop = nn.Dropout(dropout)
@@ -118,7 +119,10 @@ class RelationalAttentionLayer(nn.Module):
         attn = group_softmax(logits, group, n * self.n_groups)
         agg = torch.zeros(n * self.n_groups, self.heads, self.dk, dtype=x.dtype, device=x.device)
         agg.index_add_(0, group, attn.unsqueeze(-1) * vals)
-        agg = agg.reshape(n, self.n_groups * H)
+        if self.attention_std:          # the attention-weighted spread of the values, beside their mean
+            second = torch.zeros_like(agg).index_add_(0, group, attn.unsqueeze(-1) * vals * vals)
+            agg = torch.cat([agg, torch.sqrt(torch.relu(second - agg * agg) + 1e-6)], -1)
+        agg = agg.reshape(n, -1)
         x = self.norm1(x + self.drop(self.out(agg)))
         x = self.norm2(x + self.drop(self.ffn(x)))
         new_e = {}
@@ -136,7 +140,8 @@ class NGT(NGGNN):
         super().__init__(cfg)
         self.layers = nn.ModuleList(RelationalAttentionLayer(cfg.etypes, cfg.hidden, cfg.edge_hidden,
                                                              heads=cfg.heads, dropout=cfg.dropout,
-                                                             attention_groups=cfg.attention_groups)
+                                                             attention_groups=cfg.attention_groups,
+                                                             attention_std=cfg.attention_std)
                                     for _ in range(cfg.layers))
 
     def propagate(self, g, h: dict, e: dict, structure: dict) -> tuple[dict, dict]:

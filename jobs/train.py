@@ -94,6 +94,7 @@ class ModelConfig:
                                        # bench_accuracy (quick, 3 folds): NG-GNN tau +0.019 diverse, +0.004 fixed
     fourier: int = 32                  # F > 0: random Fourier features of weights and biases (jobs.ngnn); 0 = off
     attention_groups: str = "all"      # NG-T: one softmax over all edges, per direction, or per relation (jobs.ngt)
+    attention_std: bool = False        # NG-T: also the attention-weighted std of the values (jobs.ngt)
 
 
 @dataclass
@@ -111,7 +112,7 @@ def metanet_config(model: ModelConfig, etypes, frame: tuple[int, int], out_dim: 
                        edge_hidden=model.edge_hidden, layers=model.layers, dropout=model.dropout, probes=model.probes,
                        quasi=model.quasi, quasi_eps=model.quasi_eps, kind=model.model,
                        readout_outputs=model.readout_outputs, fourier=model.fourier,
-                       attention_groups=model.attention_groups)
+                       attention_groups=model.attention_groups, attention_std=model.attention_std)
 
 
 @dataclass

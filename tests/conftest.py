@@ -60,6 +60,27 @@ def catalog_dir(tmp_path_factory, cnn_zoo, mlp_zoo):
     return root
 
 
+def ingest_with_split_column(zoo, root, folds: list[str], column: str = "fold") -> list[dict]:
+    """Copy ``zoo`` to ``root/zoo``, give its metrics.csv a ``column`` cycling through ``folds`` (a
+    user's own split), ingest it into ``root/cat`` and return the rows as written."""
+    import csv
+
+    from pipeline.ingest import ingest_zoo
+
+    copy = root / "zoo"
+    shutil.copytree(zoo, copy)
+    with open(copy / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for i, r in enumerate(rows):
+        r[column] = folds[i % len(folds)]
+    with open(copy / "metrics.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    assert ingest_zoo(copy, root / "cat", progress=False).ok
+    return rows
+
+
 @pytest.fixture
 def catalog_copy(tmp_path, catalog_dir):
     """A private copy of the shared catalog that a test may write to."""

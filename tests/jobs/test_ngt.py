@@ -13,20 +13,22 @@ from jobs.ngt import NGT
 from jobs.train import TrainConfig, load_metanetwork, predict, train_heterognn
 from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.symmetry import random_hidden_permutation
+from tests.conftest import ingest_with_split_column
 
 FAST = dict(ensemble=1, epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2)
 
 
-@pytest.mark.parametrize("zoo,seed,split", [("cnn", 0, "all"), ("cnn", 1, "direction"), ("cnn", 2, "relation"),
-                                                ("mlp", 2, "relation")])
-def test_predictions_are_invariant_and_node_embeddings_equivariant(catalog_dir, zoo, seed, split):
+@pytest.mark.parametrize("zoo,seed,split,spread", [("cnn", 0, "all", False), ("cnn", 1, "direction", True),
+                                                       ("cnn", 2, "relation", False), ("mlp", 2, "relation", True),
+                                                       ("cnn", 3, "all", True)])
+def test_predictions_are_invariant_and_node_embeddings_equivariant(catalog_dir, zoo, seed, split, spread):
     con = duck.connect(catalog_dir)
     sel = select_models(con, "test_accuracy", f"zoo = '{zoo}'", catalog=catalog_dir)
     stats = layer_stats(con, sel.ids("train"))
     torch.manual_seed(seed)
     model = build_metanetwork(NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=3,
                                           hidden=16, edge_hidden=8, layers=2, kind="ngt",
-                                          attention_groups=split)).eval()
+                                          attention_groups=split, attention_std=spread)).eval()
     assert isinstance(model, NGT) and model.layers[0].groups == split
     graph, = read_graphs(con, [sel.model_ids[seed]])
     perm = random_hidden_permutation(graph, np.random.default_rng(seed))
@@ -82,22 +84,8 @@ def test_an_ngt_run_is_saved_as_ngt_and_predicts_as_one(catalog_copy):
 
 
 def test_both_metanetworks_take_the_users_split_column(tmp_path, cnn_zoo):
-    import csv
-    import shutil
-
-    from pipeline.ingest import ingest_zoo
-
-    zoo = tmp_path / "zoo"
-    shutil.copytree(cnn_zoo, zoo)
-    rows = list(csv.DictReader(open(zoo / "metrics.csv")))
     folds = ["train", "train", "train", "val", "test"]
-    for i, r in enumerate(rows):
-        r["fold"] = folds[i % len(folds)]
-    with open(zoo / "metrics.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    ingest_zoo(zoo, tmp_path / "cat", progress=False)
+    rows = ingest_with_split_column(cnn_zoo, tmp_path, folds)
     for kind in ("ngnn", "ngt"):
         report = train_heterognn(tmp_path / "cat", TrainConfig(model=kind, baselines=False, split_column="fold",
                                                                **FAST), progress=False)

@@ -14,6 +14,7 @@ from pipeline.ingest import ingest_zoo
 from pipeline.neural_graph.convert import convert_checkpoint
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 from pipeline.zoo.make import make_zoo
+from tests.conftest import ingest_with_split_column
 from zoocore.errors import JobError
 
 FAST = dict(ensemble=1, epochs=3, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=3)
@@ -138,19 +139,8 @@ def test_the_saved_calibration_is_the_validation_fit_and_reaches_predict(tmp_pat
     """The run's predictions are a * p + b of the raw outputs, fitted by least squares on the
     validation split (kept as they are when the slope is not positive): the same order, a validation
     squared error no larger than uncalibrated, and `jobs predict` decodes them the same way."""
-    import csv
-    import shutil
-
-    zoo = tmp_path / "zoo"
-    shutil.copytree(cnn_zoo, zoo)
-    rows = list(csv.DictReader(open(zoo / "metrics.csv")))
-    for i, r in enumerate(rows):            # enough validation models to fit on (at least 10)
-        r["fold"] = ["train", "val", "train", "val", "test"][i % 5]
-    with open(zoo / "metrics.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    ingest_zoo(zoo, tmp_path / "cat", progress=False)
+    # enough validation models to fit on (at least 10)
+    ingest_with_split_column(cnn_zoo, tmp_path, ["train", "val", "train", "val", "test"])
     report = train_heterognn(tmp_path / "cat", TrainConfig(split_column="fold", baselines=False, **FAST),
                              progress=False)
     models, meta = load_metanetwork(Catalog(tmp_path / "cat"), report.run_id)
