@@ -99,6 +99,9 @@ def _device_option(fn):
               help="NG-T: what one attention softmax runs over: all of a neuron's edges, its in-edges and its "
                    "reverse edges apart (direction), or each edge type apart (relation); the groups' values are "
                    "read side by side.")
+@click.option("--attention-std/--no-attention-std", default=True, show_default=True,
+              help="NG-T: read the attention-weighted standard deviation of the values beside their weighted "
+                   "mean (a softmax mean alone cannot see how spread a neuron's inputs are).")
 @click.option("--quasi", is_flag=True,
               help="Add the quasi-equivariant scaling layer (Quasi-Equivariant Metanetworks, ICLR 2026): a learned "
                    "per-neuron factor 1 + eps*sin(.) from per-neuron and per-layer weight statistics, applied to "
@@ -113,7 +116,7 @@ def _device_option(fn):
 @translate_errors
 def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold, epochs, batch_size, lr, hidden,
                         layers, probes, ensemble, patience, calibrate, seed, loader_workers, no_baselines, canonical, bn_stats, scale_augment,
-                        weight_noise, weight_dropout, fourier, rescale_test, metanet, attention_groups, quasi, quasi_eps, readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
+                        weight_noise, weight_dropout, fourier, rescale_test, metanet, attention_groups, attention_std, quasi, quasi_eps, readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
     """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
     metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings.
 
@@ -133,7 +136,8 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold,
                       bn_stats=bn_stats,
                       scale_augment=scale_augment, rescale_test=rescale_test, quasi=quasi, quasi_eps=quasi_eps,
                       model=metanet, readout_outputs=readout_outputs, weight_noise=weight_noise,
-                      weight_dropout=weight_dropout, fourier=fourier, attention_groups=attention_groups)
+                      weight_dropout=weight_dropout, fourier=fourier, attention_groups=attention_groups,
+                      attention_std=attention_std)
     main_rank = int(os.environ.get("RANK", "0")) == 0      # under torchrun, rank 0 writes and reports
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=main_rank) as (store, warning):
         report = train_heterognn(root, cfg, store=store)

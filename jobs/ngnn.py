@@ -45,7 +45,8 @@ class NGGNNConfig:
     readout_outputs: int = 0     # K > 0: the readout also holds the embeddings of output neurons 0..K-1, in order
     fourier: int = 0             # F > 0: random Fourier features (F frequencies) of edge weights and biases
     attention_groups: str = "all"    # ngt: the softmax runs over all / per direction / per relation (jobs.ngt)
-    attention_std: bool = False      # ngt: also read the attention-weighted std of the values (jobs.ngt)
+    attention_std: bool = False      # ngt: also read the attention-weighted std of the values (jobs.ngt);
+                                     # False here so that NG-T runs saved without the field load as they were
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -6,9 +6,12 @@ scores and, FiLM-style, the values (``V_uv = gamma(e_uv) * V_u + beta(e_uv)``), 
 updated every layer from their endpoints. ``attention_groups`` says what one softmax runs over: all
 of a neuron's edges and itself (``all``), its in-edges and itself apart from its reverse edges
 (``direction``), or each edge type apart (``relation``); the groups' attended values are read side
-by side (bench_accuracy: none beat ``all`` as an ensemble, README). Node encodings (hidden positions shared per layer, own
-positions for inputs and outputs, activation embeddings), the invariant readout, the head and the
-optional quasi-equivariant scaling are NG-GNN's (``NGT`` only replaces the propagation), so both
+by side (bench_accuracy: none beat ``all`` as an ensemble, README). With ``attention_std`` a neuron
+also reads the attention-weighted standard deviation of its values beside their weighted mean (a
+softmax average alone cannot tell a neuron whose inputs agree from one whose inputs are spread, which
+PNA's std aggregator gives NG-GNN; README, "NG-T's levers"). Node encodings (hidden positions
+shared per layer, own positions for inputs and outputs, activation embeddings), the invariant
+readout, the head and the optional quasi-equivariant scaling are NG-GNN's (``NGT`` only replaces the propagation), so both
 metanetworks read the same batched DGL heterographs and train, save and predict the same way.
 
 Every operation is per node, per edge or a sum over a node's edges, so hidden-neuron permutations

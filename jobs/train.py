@@ -94,7 +94,7 @@ class ModelConfig:
                                        # bench_accuracy (quick, 3 folds): NG-GNN tau +0.019 diverse, +0.004 fixed
     fourier: int = 32                  # F > 0: random Fourier features of weights and biases (jobs.ngnn); 0 = off
     attention_groups: str = "all"      # NG-T: one softmax over all edges, per direction, or per relation (jobs.ngt)
-    attention_std: bool = False        # NG-T: also the attention-weighted std of the values (jobs.ngt)
+    attention_std: bool = True         # NG-T: also the attention-weighted std of the values (jobs.ngt)
 
 
 @dataclass

@@ -115,3 +115,20 @@ def test_group_softmax_is_dgls_edge_softmax_per_group():
     present[dst * 2 + label] = True
     torch.testing.assert_close(sums[present], torch.ones(int(present.sum()), 3))
     assert (sums[~present] == 0).all()
+
+
+def test_an_ngt_saved_before_the_spread_read_loads_as_it_was():
+    """Runs saved before ``attention_std`` existed have no such key: they load without the read
+    (their output maps are one block wide), while new runs get it from the recipe."""
+    from jobs.train import ModelConfig, metanet_config
+
+    etypes = [("input", "w", "hidden"), ("hidden", "rev_w", "input")]
+    new = metanet_config(ModelConfig(model="ngt", hidden=16, edge_hidden=8, layers=1), etypes, (1, 1), 1)
+    assert new.attention_std
+    old = new.to_dict()
+    old.pop("attention_std")
+    old_cfg = NGGNNConfig.from_dict(old)
+    assert not old_cfg.attention_std
+    before, after = NGT(old_cfg), NGT(new)
+    assert before.layers[0].out.in_features == 16 and after.layers[0].out.in_features == 32
+    after.load_state_dict(NGT(NGGNNConfig.from_dict(new.to_dict())).state_dict())
