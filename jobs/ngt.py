@@ -11,8 +11,9 @@ also reads the attention-weighted standard deviation of its values beside their 
 softmax average alone cannot tell a neuron whose inputs agree from one whose inputs are spread, which
 PNA's std aggregator gives NG-GNN; README, "NG-T's levers"). Node encodings (hidden positions
 shared per layer, own positions for inputs and outputs, activation embeddings), the invariant
-readout, the head and the optional quasi-equivariant scaling are NG-GNN's (``NGT`` only replaces the propagation), so both
-metanetworks read the same batched DGL heterographs and train, save and predict the same way.
+readout, the head and the optional quasi-equivariant scaling are NG-GNN's (``NGT`` only replaces
+the propagation), so both metanetworks read the same batched DGL heterographs and train, save and
+predict the same way.
 
 Every operation is per node, per edge or a sum over a node's edges, so hidden-neuron permutations
 permute node embeddings and leave the readout unchanged.
