@@ -41,7 +41,9 @@ class Task:
     def output_size(self, classes: list[str]) -> int:
         raise NotImplementedError
 
-    def loss(self) -> torch.nn.Module:
+    def loss(self, rank_weight: float = 0.0) -> torch.nn.Module:
+        """The training loss; ``rank_weight`` > 0 adds a pairwise ranking term where the task has an
+        order (regression), and is refused where it has none."""
         raise NotImplementedError
 
     def fit_scale(self, train_targets: np.ndarray) -> TargetScale:
@@ -88,6 +90,26 @@ class Task:
         return self.numbers(pred)
 
 
+class RankedMSE(torch.nn.Module):
+    """Squared error plus ``weight`` times RankNet's pairwise logistic loss over the batch: for every
+    pair of models whose targets differ, ``log(1 + exp(-(p_hi - p_lo)))`` on the standardised outputs.
+    Squared error spends its effort on the size of every error; Kendall tau, what model selection and
+    the benchmark score, only counts pairs put in the wrong order, which the second term penalises."""
+
+    def __init__(self, weight: float):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        mse = torch.nn.functional.mse_loss(out, target)
+        p, t = out[:, 0], target[:, 0]
+        above = (t.unsqueeze(1) - t.unsqueeze(0)) > 0          # [i, j]: model i's target above model j's
+        if not bool(above.any()):
+            return mse
+        margin = (p.unsqueeze(1) - p.unsqueeze(0))[above]
+        return mse + self.weight * torch.nn.functional.softplus(-margin).mean()
+
+
 class Regression(Task):
     name = "regression"
     metric_keys = ("kendall_tau", "r2", "mae")
@@ -100,8 +122,8 @@ class Regression(Task):
     def output_size(self, classes):
         return 1
 
-    def loss(self):
-        return torch.nn.MSELoss()
+    def loss(self, rank_weight=0.0):
+        return RankedMSE(rank_weight) if rank_weight > 0 else torch.nn.MSELoss()
 
     def fit_scale(self, train_targets):
         return TargetScale(float(np.mean(train_targets)), float(np.std(train_targets) or 1.0))
@@ -165,7 +187,9 @@ class Classification(Task):
     def output_size(self, classes):
         return len(classes)
 
-    def loss(self):
+    def loss(self, rank_weight=0.0):
+        if rank_weight > 0:
+            raise JobError("--rank-weight adds a ranking term to a regression loss; classes have no order")
         return torch.nn.CrossEntropyLoss()
 
     def encode(self, targets, scale, device):

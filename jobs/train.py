@@ -70,6 +70,7 @@ class OptimConfig:
     patience: int = 5
     ensemble: int = 3                  # metanetworks trained with seeds seed..seed+K-1, outputs averaged; three
                                        # 10-epoch members beat one 30-epoch model (bench_accuracy --full, README)
+    rank_weight: float = 0.0           # regression: > 0 adds this times a pairwise ranking loss (jobs.tasks.RankedMSE)
     calibrate: bool = True             # regression: a * p + b fitted on the validation split (jobs.tasks);
                                        # NG-GNN, full mode: MAE 0.064 -> 0.061 fixed zoo, 0.0961 -> 0.0959 diverse
     seed: int = 0
@@ -179,7 +180,7 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
     come from ``train_stream`` (e.g. augmented) when given, validation from ``stream``."""
     train_stream = train_stream or stream
     task = task_named(sel.task)
-    loss_fn = task.loss()
+    loss_fn = task.loss(cfg.rank_weight)
     torch.manual_seed(seed)
     model = build_metanetwork(mcfg).to(device)
     step_model = model
