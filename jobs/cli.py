@@ -61,6 +61,9 @@ def _device_option(fn):
                    "training time; 1 for a single model).")
 @click.option("--patience", type=click.IntRange(min=1), default=5, show_default=True,
               help="Early stopping: epochs without a better validation score.")
+@click.option("--rank-weight", type=click.FloatRange(min=0.0), default=0.0, show_default=True, metavar="W",
+              help="Regression: add W times a pairwise ranking loss (RankNet's, over the pairs of each batch) to the "
+                   "squared error; Kendall tau counts only misordered pairs. 0 = squared error alone.")
 @click.option("--calibrate/--no-calibrate", default=True, show_default=True,
               help="Regression: map the (ensemble's) predictions through a * p + b fitted by least squares on the "
                    "validation split (a > 0: the order, hence Kendall tau, is unchanged; R^2 and MAE improve). "
@@ -115,7 +118,7 @@ def _device_option(fn):
 @store_options
 @translate_errors
 def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold, epochs, batch_size, lr, hidden,
-                        layers, probes, ensemble, patience, calibrate, seed, loader_workers, no_baselines, canonical, bn_stats, scale_augment,
+                        layers, probes, ensemble, patience, rank_weight, calibrate, seed, loader_workers, no_baselines, canonical, bn_stats, scale_augment,
                         weight_noise, weight_dropout, fourier, rescale_test, metanet, attention_groups, attention_std, quasi, quasi_eps, readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
     """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
     metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings.
@@ -130,7 +133,7 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold,
     cfg = TrainConfig(target=target, where=where, task=task, split_column=split_column, folds=folds, fold=fold,
                       epochs=epochs,
                       batch_size=batch_size, lr=lr, hidden=hidden, layers=layers, probes=probes, ensemble=ensemble,
-                      patience=patience, calibrate=calibrate,
+                      patience=patience, rank_weight=rank_weight, calibrate=calibrate,
                       seed=seed,
                       device=device, loader_workers=loader_workers, baselines=not no_baselines, canonical=canonical,
                       bn_stats=bn_stats,

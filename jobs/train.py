@@ -255,6 +255,9 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
             raise JobError(f"the training split has a single class of {sel.target!r} ({', '.join(seen) or 'none'}): "
                            "a classifier of one class scores perfectly without learning anything; select more "
                            "models (--where) or another --target")
+    if cfg.rank_weight < 0:
+        raise JobError("--rank-weight must be >= 0")
+    task.loss(cfg.rank_weight)          # refuses a ranking term before any data is read where classes have no order
     cfg.rescale_test = tuple(float(m) for m in (cfg.rescale_test or ()))
     if cfg.scale_augment and cfg.scale_augment <= 1 or any(m <= 1 for m in cfg.rescale_test):
         raise JobError("--scale-augment and --rescale-test take the largest factor MAX > 1 of U[1, MAX]")

@@ -67,3 +67,27 @@ def test_regression_calibration_is_a_positive_linear_map_folded_into_the_scale()
     assert task.calibrate(out, -y, scale) == scale
     # a classifier's outputs are not calibrated
     assert Classification().calibrate(out, y, scale) == scale
+
+
+def test_the_ranking_term_penalises_misordered_pairs_that_squared_error_cannot_tell_apart():
+    task = Regression()
+    y = torch.tensor([[-1.0], [0.0], [1.0]])
+    # two predictions with the same squared error (each off by 0.6): one keeps the order, one swaps a pair
+    ordered = torch.tensor([[-0.4], [0.6], [1.6]])
+    swapped = torch.tensor([[-1.6], [0.6], [0.4]])
+    mse = task.loss()
+    assert float(mse(ordered, y)) == pytest.approx(float(mse(swapped, y)))
+    ranked = task.loss(rank_weight=1.0)
+    assert float(ranked(ordered, y)) < float(ranked(swapped, y))
+    # its gradient pushes the swapped pair back into order
+    out = swapped.clone().requires_grad_(True)
+    (ranked(out, y) - mse(out, y)).backward()
+    assert float(out.grad[1, 0]) > 0 > float(out.grad[2, 0])
+    # equal targets make no pair: the term vanishes and the loss is the squared error
+    flat = torch.zeros(4, 1)
+    assert float(ranked(ordered[:1].expand(4, 1), flat)) == pytest.approx(float(mse(ordered[:1].expand(4, 1), flat)))
+
+
+def test_a_ranking_term_on_classes_is_refused():
+    with pytest.raises(JobError, match="no order"):
+        Classification().loss(rank_weight=1.0)
