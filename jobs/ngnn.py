@@ -47,6 +47,7 @@ class NGGNNConfig:
     attention_groups: str = "all"    # ngt: the softmax runs over all / per direction / per relation (jobs.ngt)
     attention_std: bool = False      # ngt: also read the attention-weighted std of the values (jobs.ngt);
                                      # False here so that NG-T runs saved without the field load as they were
+    relation_values: bool = False    # ngt: one value map per edge type instead of one shared (jobs.ngt)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -29,6 +29,7 @@ from torch import nn
 
 from jobs.metanets import ATTENTION_GROUPS
 from jobs.ngnn import NGGNN, NGGNNConfig, _key, mlp
+from jobs.relational_kernels import rel_linear
 from pipeline.neural_graph.vocabulary import NODE_TYPES
 
 
@@ -82,12 +83,18 @@ class RelationalAttentionLayer(nn.Module):
     """One NG-T layer: multi-head relational attention, a feed-forward block, an edge update."""
 
     def __init__(self, etypes, hidden: int, edge_hidden: int, heads: int = 4, dropout: float = 0.0,
-                 attention_groups: str = "all", attention_std: bool = False):
+                 attention_groups: str = "all", attention_std: bool = False, relation_values: bool = False):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not a multiple of {heads} heads")
         self.heads, self.dk = heads, hidden // heads
-        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.etype_index = {tuple(e): i for i, e in enumerate(etypes)}
+        self.relation_values = relation_values
+        self.qkv = nn.Linear(hidden, (2 if relation_values else 3) * hidden)
+        if relation_values:     # one value map per edge type (the last: self-loops), as NG-GNN's messages
+            bound = 1 / math.sqrt(hidden)
+            self.value_weight = nn.Parameter(torch.empty(len(etypes) + 1, hidden, hidden).uniform_(-bound, bound))
+            self.value_bias = nn.Parameter(torch.empty(len(etypes) + 1, hidden).uniform_(-bound, bound))
         self.score = nn.Linear(edge_hidden, heads)            # edge term of the attention score
         self.film = nn.Linear(edge_hidden, 2 * hidden)        # gamma, beta of the values
         self.self_edge = nn.Parameter(torch.zeros(edge_hidden))
@@ -110,10 +117,18 @@ class RelationalAttentionLayer(nn.Module):
         n, H = x.shape
         ef = torch.cat([e[et] for et, _, _ in flat.parts] + [self.self_edge.expand(n, -1)], 0)   # (E + N, De)
         src, dst = flat.graph.edges()
-        q, k, v = self.qkv(x).view(n, 3, self.heads, self.dk).unbind(1)
+        if self.relation_values:
+            q, k = self.qkv(x).view(n, 2, self.heads, self.dk).unbind(1)
+            rel = [self.etype_index[et] for et, _, _ in flat.parts] + [len(self.etype_index)]
+            rows = [b - a for _, a, b in flat.parts] + [n]
+            v_src = rel_linear(x.index_select(0, src), self.value_weight, self.value_bias, rel, rows)
+            v_src = v_src.view(-1, self.heads, self.dk)
+        else:
+            q, k, v = self.qkv(x).view(n, 3, self.heads, self.dk).unbind(1)
+            v_src = v.index_select(0, src)
         logits = (q.index_select(0, dst) * k.index_select(0, src)).sum(-1) / math.sqrt(self.dk) + self.score(ef)
         gamma, beta = self.film(ef).view(-1, 2, self.heads, self.dk).unbind(1)
-        vals = gamma * v.index_select(0, src) + beta
+        vals = gamma * v_src + beta
         if self.groups == "all":
             group = dst
         elif self.groups == "direction":    # in-edges and self | reverse edges
@@ -145,7 +160,8 @@ class NGT(NGGNN):
         self.layers = nn.ModuleList(RelationalAttentionLayer(cfg.etypes, cfg.hidden, cfg.edge_hidden,
                                                              heads=cfg.heads, dropout=cfg.dropout,
                                                              attention_groups=cfg.attention_groups,
-                                                             attention_std=cfg.attention_std)
+                                                             attention_std=cfg.attention_std,
+                                                             relation_values=cfg.relation_values)
                                     for _ in range(cfg.layers))
 
     def propagate(self, g, h: dict, e: dict, structure: dict) -> tuple[dict, dict]:

@@ -96,6 +96,7 @@ class ModelConfig:
     fourier: int = 32                  # F > 0: random Fourier features of weights and biases (jobs.ngnn); 0 = off
     attention_groups: str = "all"      # NG-T: one softmax over all edges, per direction, or per relation (jobs.ngt)
     attention_std: bool = True         # NG-T: also the attention-weighted std of the values (jobs.ngt)
+    relation_values: bool = False      # NG-T: a value map per edge type, as NG-GNN's per-relation messages (jobs.ngt)
 
 
 @dataclass
@@ -113,7 +114,8 @@ def metanet_config(model: ModelConfig, etypes, frame: tuple[int, int], out_dim: 
                        edge_hidden=model.edge_hidden, layers=model.layers, dropout=model.dropout, probes=model.probes,
                        quasi=model.quasi, quasi_eps=model.quasi_eps, kind=model.model,
                        readout_outputs=model.readout_outputs, fourier=model.fourier,
-                       attention_groups=model.attention_groups, attention_std=model.attention_std)
+                       attention_groups=model.attention_groups, attention_std=model.attention_std,
+                       relation_values=model.relation_values)
 
 
 @dataclass

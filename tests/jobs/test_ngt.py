@@ -18,18 +18,20 @@ from tests.conftest import ingest_with_split_column
 FAST = dict(ensemble=1, epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2)
 
 
-@pytest.mark.parametrize("zoo,seed,split,spread", [("cnn", 0, "all", False), ("cnn", 1, "direction", True),
-                                                       ("cnn", 2, "relation", False), ("mlp", 2, "relation", True),
-                                                       ("cnn", 3, "all", True)])
-def test_predictions_are_invariant_and_node_embeddings_equivariant(catalog_dir, zoo, seed, split, spread):
+@pytest.mark.parametrize("zoo,seed,split,spread,values", [
+    ("cnn", 0, "all", False, False), ("cnn", 1, "direction", True, False), ("cnn", 2, "relation", False, True),
+    ("mlp", 2, "relation", True, False), ("cnn", 3, "all", True, True), ("mlp", 1, "all", True, True)])
+def test_predictions_are_invariant_and_node_embeddings_equivariant(catalog_dir, zoo, seed, split, spread, values):
     con = duck.connect(catalog_dir)
     sel = select_models(con, "test_accuracy", f"zoo = '{zoo}'", catalog=catalog_dir)
     stats = layer_stats(con, sel.ids("train"))
     torch.manual_seed(seed)
     model = build_metanetwork(NGGNNConfig(etypes=sel.etypes, edge_in=sel.frame[0] * sel.frame[1], out_dim=3,
                                           hidden=16, edge_hidden=8, layers=2, kind="ngt",
-                                          attention_groups=split, attention_std=spread)).eval()
+                                          attention_groups=split, attention_std=spread,
+                                          relation_values=values)).eval()
     assert isinstance(model, NGT) and model.layers[0].groups == split
+    assert hasattr(model.layers[0], "value_weight") == values
     graph, = read_graphs(con, [sel.model_ids[seed]])
     perm = random_hidden_permutation(graph, np.random.default_rng(seed))
     assert (perm != np.arange(len(perm))).any()
