@@ -105,6 +105,9 @@ def _device_option(fn):
 @click.option("--attention-std/--no-attention-std", default=True, show_default=True,
               help="NG-T: read the attention-weighted standard deviation of the values beside their weighted "
                    "mean (a softmax mean alone cannot see how spread a neuron's inputs are).")
+@click.option("--relation-values/--no-relation-values", default=True, show_default=True,
+              help="NG-T: one value map per edge type (as NG-GNN's per-relation messages) instead of one map shared "
+                   "by every edge, whose relation then enters only through the FiLM of the edge features.")
 @click.option("--quasi", is_flag=True,
               help="Add the quasi-equivariant scaling layer (Quasi-Equivariant Metanetworks, ICLR 2026): a learned "
                    "per-neuron factor 1 + eps*sin(.) from per-neuron and per-layer weight statistics, applied to "
@@ -119,7 +122,7 @@ def _device_option(fn):
 @translate_errors
 def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold, epochs, batch_size, lr, hidden,
                         layers, probes, ensemble, patience, rank_weight, calibrate, seed, loader_workers, no_baselines, canonical, bn_stats, scale_augment,
-                        weight_noise, weight_dropout, fourier, rescale_test, metanet, attention_groups, attention_std, quasi, quasi_eps, readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
+                        weight_noise, weight_dropout, fourier, rescale_test, metanet, attention_groups, attention_std, relation_values, quasi, quasi_eps, readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
     """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
     metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings.
 
@@ -140,7 +143,7 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold,
                       scale_augment=scale_augment, rescale_test=rescale_test, quasi=quasi, quasi_eps=quasi_eps,
                       model=metanet, readout_outputs=readout_outputs, weight_noise=weight_noise,
                       weight_dropout=weight_dropout, fourier=fourier, attention_groups=attention_groups,
-                      attention_std=attention_std)
+                      attention_std=attention_std, relation_values=relation_values)
     main_rank = int(os.environ.get("RANK", "0")) == 0      # under torchrun, rank 0 writes and reports
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=main_rank) as (store, warning):
         report = train_heterognn(root, cfg, store=store)

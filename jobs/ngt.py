@@ -9,7 +9,9 @@ of a neuron's edges and itself (``all``), its in-edges and itself apart from its
 by side (bench_accuracy: none beat ``all`` as an ensemble, README). With ``attention_std`` a neuron
 also reads the attention-weighted standard deviation of its values beside their weighted mean (a
 softmax average alone cannot tell a neuron whose inputs agree from one whose inputs are spread, which
-PNA's std aggregator gives NG-GNN; README, "NG-T's levers"). Node encodings (hidden positions
+PNA's std aggregator gives NG-GNN; README, "NG-T's levers"). With ``relation_values`` every edge type
+has its own value map, as NG-GNN's messages have (otherwise one map is shared and the relation
+enters only through the FiLM of the edge features). Node encodings (hidden positions
 shared per layer, own positions for inputs and outputs, activation embeddings), the invariant
 readout, the head and the optional quasi-equivariant scaling are NG-GNN's (``NGT`` only replaces
 the propagation), so both metanetworks read the same batched DGL heterographs and train, save and

@@ -96,7 +96,7 @@ class ModelConfig:
     fourier: int = 32                  # F > 0: random Fourier features of weights and biases (jobs.ngnn); 0 = off
     attention_groups: str = "all"      # NG-T: one softmax over all edges, per direction, or per relation (jobs.ngt)
     attention_std: bool = True         # NG-T: also the attention-weighted std of the values (jobs.ngt)
-    relation_values: bool = False      # NG-T: a value map per edge type, as NG-GNN's per-relation messages (jobs.ngt)
+    relation_values: bool = True       # NG-T: a value map per edge type, as NG-GNN's per-relation messages (jobs.ngt)
 
 
 @dataclass

@@ -119,18 +119,23 @@ def test_group_softmax_is_dgls_edge_softmax_per_group():
     assert (sums[~present] == 0).all()
 
 
-def test_an_ngt_saved_before_the_spread_read_loads_as_it_was():
-    """Runs saved before ``attention_std`` existed have no such key: they load without the read
-    (their output maps are one block wide), while new runs get it from the recipe."""
+def test_an_ngt_saved_before_the_spread_read_and_relation_values_loads_as_it_was():
+    """Runs saved before ``attention_std`` and ``relation_values`` existed have no such keys: they load
+    without them (output maps one block wide, one shared value map), while new runs get both from the
+    recipe."""
     from jobs.train import ModelConfig, metanet_config
 
     etypes = [("input", "w", "hidden"), ("hidden", "rev_w", "input")]
     new = metanet_config(ModelConfig(model="ngt", hidden=16, edge_hidden=8, layers=1), etypes, (1, 1), 1)
-    assert new.attention_std
+    assert new.attention_std and new.relation_values
     old = new.to_dict()
     old.pop("attention_std")
+    old.pop("relation_values")
     old_cfg = NGGNNConfig.from_dict(old)
-    assert not old_cfg.attention_std
+    assert not old_cfg.attention_std and not old_cfg.relation_values
     before, after = NGT(old_cfg), NGT(new)
     assert before.layers[0].out.in_features == 16 and after.layers[0].out.in_features == 32
+    assert before.layers[0].qkv.out_features == 48 and not hasattr(before.layers[0], "value_weight")
+    assert after.layers[0].qkv.out_features == 32 and after.layers[0].value_weight.shape == (3, 16, 16)
+    before.load_state_dict(NGT(NGGNNConfig.from_dict(old_cfg.to_dict())).state_dict())
     after.load_state_dict(NGT(NGGNNConfig.from_dict(new.to_dict())).state_dict())

@@ -97,11 +97,12 @@ def test_fourier_features_keep_predictions_invariant(catalog_dir, kind):
 
 def test_a_run_with_the_levers_trains_and_reloads_with_them(catalog_copy):
     cfg = TrainConfig(where="zoo = 'cnn'", ensemble=1, epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2,
-                      weight_noise=0.05, weight_dropout=0.05, fourier=4, bn_stats=True, baselines=False)
+                      weight_noise=0.05, weight_dropout=0.05, fourier=4, bn_stats=True, rank_weight=2.0, baselines=False)
     report = train_heterognn(catalog_copy, cfg, progress=False)
     models, manifest = load_metanetwork(Catalog(catalog_copy), report.run_id)
     assert models[0].cfg.fourier == 4 and models[0].edge_fourier is not None
     assert manifest.train["weight_noise"] == 0.05 and manifest.train["weight_dropout"] == 0.05
+    assert manifest.train["rank_weight"] == 2.0
     assert manifest.train["bn_stats"] is True
     con = duck.connect(catalog_copy)
     mine = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = 'ngnn'",
@@ -112,6 +113,14 @@ def test_a_run_with_the_levers_trains_and_reloads_with_them(catalog_copy):
     again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE starts_with(run_id, ?) "
                              "AND method = 'ngnn'", [report.run_id + "-predict-"]).fetchall())
     assert max(abs(again[m] - v) for m, v in mine.items()) < 1e-5   # predict prepares the graphs the same way
+
+
+def test_a_ranking_term_for_a_classification_target_is_refused_before_training(catalog_copy):
+    from zoocore.errors import JobError
+
+    with pytest.raises(JobError, match="no order"):
+        train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", target="activation", rank_weight=1.0,
+                                                  ensemble=1, epochs=1, baselines=False), progress=False)
 
 
 def test_with_augmentation_batch_norms_become_affine_maps_after_each_rescaling(catalog_dir):
