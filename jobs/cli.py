@@ -121,8 +121,10 @@ def _device_option(fn):
 @store_options
 @translate_errors
 def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold, epochs, batch_size, lr, hidden,
-                        layers, probes, ensemble, patience, rank_weight, calibrate, seed, loader_workers, no_baselines, canonical, bn_stats, scale_augment,
-                        weight_noise, weight_dropout, fourier, rescale_test, metanet, attention_groups, attention_std, relation_values, quasi, quasi_eps, readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
+                        layers, probes, ensemble, patience, rank_weight, calibrate, seed, loader_workers,
+                        no_baselines, canonical, bn_stats, scale_augment, weight_noise, weight_dropout, fourier,
+                        rescale_test, metanet, attention_groups, attention_std, relation_values, quasi, quasi_eps,
+                        readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
     """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
     metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings.
 
