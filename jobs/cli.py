@@ -68,6 +68,10 @@ def _device_option(fn):
               help="Regression: map the (ensemble's) predictions through a * p + b fitted by least squares on the "
                    "validation split (a > 0: the order, hence Kendall tau, is unchanged; R^2 and MAE improve). "
                    "Saved with the run, so `jobs predict` applies it too.")
+@click.option("--calibration", type=click.Choice(["linear", "monotone"]), default="linear", show_default=True,
+              help="With --calibrate: linear (a * p + b) or monotone (that line, then an isotonic map fitted on the "
+                   "validation split, blended with the identity so it stays strictly increasing: the order, hence "
+                   "Kendall tau, is unchanged; a curved relation between predictions and targets is straightened).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--loader-workers", type=click.IntRange(min=1), default=2, show_default=True,
               help="Threads that stream graphs from DuckDB ahead of the trainer.")
@@ -121,7 +125,7 @@ def _device_option(fn):
 @store_options
 @translate_errors
 def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold, epochs, batch_size, lr, hidden,
-                        layers, probes, ensemble, patience, rank_weight, calibrate, seed, loader_workers,
+                        layers, probes, ensemble, patience, rank_weight, calibrate, calibration, seed, loader_workers,
                         no_baselines, canonical, bn_stats, scale_augment, weight_noise, weight_dropout, fourier,
                         rescale_test, metanet, attention_groups, attention_std, relation_values, quasi, quasi_eps,
                         readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
@@ -138,7 +142,7 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold,
     cfg = TrainConfig(target=target, where=where, task=task, split_column=split_column, folds=folds, fold=fold,
                       epochs=epochs,
                       batch_size=batch_size, lr=lr, hidden=hidden, layers=layers, probes=probes, ensemble=ensemble,
-                      patience=patience, rank_weight=rank_weight, calibrate=calibrate,
+                      patience=patience, rank_weight=rank_weight, calibrate=calibrate, calibration=calibration,
                       seed=seed,
                       device=device, loader_workers=loader_workers, baselines=not no_baselines, canonical=canonical,
                       bn_stats=bn_stats,

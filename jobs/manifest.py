@@ -39,7 +39,8 @@ class RunManifest:
 
     def to_json(self) -> bytes:
         d = {"format": FORMAT, "model": self.model.to_dict(), "members": self.members, "stats": self.stats.to_dict(),
-             "target_mean": self.scale.mean, "target_std": self.scale.std, "task": self.task, "target": self.target,
+             "target_mean": self.scale.mean, "target_std": self.scale.std,
+             "target_knots": [list(self.scale.knots_x), list(self.scale.knots_y)], "task": self.task, "target": self.target,
              "classes": list(self.classes), "frame": list(self.frame), "train": self.train}
         return json.dumps(d, indent=1, default=str).encode()
 
@@ -52,7 +53,8 @@ class RunManifest:
                 raise JobError(f"{where} is {fmt!r}; this version reads {FORMAT!r}")
             return cls(model=NGGNNConfig.from_dict(d["model"]), stats=LayerStats.from_dict(d["stats"]),
                        task=d["task"], target=d["target"], frame=tuple(d["frame"]),
-                       scale=TargetScale(float(d.get("target_mean", 0.0)), float(d.get("target_std", 1.0))),
+                       scale=TargetScale(float(d.get("target_mean", 0.0)), float(d.get("target_std", 1.0)),
+                                         *(tuple(float(v) for v in k) for k in d.get("target_knots") or ((), ()))),
                        classes=list(d.get("classes") or []), members=int(d.get("members", 1)),
                        train=dict(d.get("train") or {}))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

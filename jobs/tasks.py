@@ -21,9 +21,18 @@ from zoocore.errors import JobError
 
 @dataclass(frozen=True)
 class TargetScale:
-    """The standardisation of regression targets fitted on the training split (identity otherwise)."""
+    """The standardisation of regression targets fitted on the training split (identity otherwise),
+    and, after a monotone calibration, the knots of the increasing map applied on top (``knots_x`` ->
+    ``knots_y``, interpolated linearly and held constant outside; blended with the identity so that
+    the whole map is strictly increasing and no two models trade places)."""
     mean: float = 0.0
     std: float = 1.0
+    knots_x: tuple[float, ...] = ()
+    knots_y: tuple[float, ...] = ()
+
+
+CALIBRATIONS = ("linear", "monotone")
+MONOTONE_IDENTITY_SHARE = 0.1   # the monotone map is 0.9 * isotonic fit + 0.1 * identity: strictly increasing
 
 
 class Task:
@@ -49,7 +58,8 @@ class Task:
     def fit_scale(self, train_targets: np.ndarray) -> TargetScale:
         return TargetScale()
 
-    def calibrate(self, out: np.ndarray, targets: np.ndarray, scale: TargetScale) -> TargetScale:
+    def calibrate(self, out: np.ndarray, targets: np.ndarray, scale: TargetScale, mode: str = "linear"
+                  ) -> TargetScale:
         """The scale that decodes ``out`` closest to ``targets`` (the validation split's), given the
         training scale; the training scale itself where the task has nothing to calibrate."""
         return scale
@@ -128,13 +138,20 @@ class Regression(Task):
     def fit_scale(self, train_targets):
         return TargetScale(float(np.mean(train_targets)), float(np.std(train_targets) or 1.0))
 
-    def calibrate(self, out, targets, scale, min_models: int = 10):
+    def calibrate(self, out, targets, scale, mode="linear", min_models: int = 10):
         """Least squares ``a * p + b`` from decoded outputs ``p`` to the targets, folded into the scale
         (``out * a * std + a * mean + b``), so a saved run decodes calibrated predictions unchanged.
         A linear map with a > 0 keeps every ranking (Kendall tau) and can only lower the squared error
         where it was fitted; an ensemble's mean, and a member stopped early, are often too narrow.
         The training scale is kept when fewer than ``min_models`` targets are known, when the
-        predictions are constant, or when the fitted slope is not positive (it would reverse the order)."""
+        predictions are constant, or when the fitted slope is not positive (it would reverse the order).
+
+        ``mode="monotone"`` then fits an isotonic (non-decreasing) regression from the line's
+        predictions to the targets and decodes through ``0.9 * isotonic + 0.1 * identity``: strictly
+        increasing, so every ranking (tau) is still unchanged, while a curved relation between
+        predictions and targets (a ranking loss spreads near-equal models apart) is straightened."""
+        if mode not in CALIBRATIONS:
+            raise JobError(f"calibration {mode!r}: one of {', '.join(CALIBRATIONS)}")
         p, y = self.decode(out, scale), targets.astype(np.float64)
         ok = ~np.isnan(y) & np.isfinite(p)
         p, y = p[ok], y[ok]
@@ -143,13 +160,26 @@ class Regression(Task):
         a, b = np.polyfit(p, y, 1)
         if not np.isfinite(a) or a <= 0:
             return scale
-        return TargetScale(float(a * scale.mean + b), float(a * scale.std))
+        line = TargetScale(float(a * scale.mean + b), float(a * scale.std))
+        if mode == "linear":
+            return line
+        from sklearn.isotonic import IsotonicRegression
+
+        iso = IsotonicRegression(out_of_bounds="clip").fit(a * p + b, y)
+        if len(iso.X_thresholds_) < 2:
+            return line
+        return TargetScale(line.mean, line.std, tuple(float(v) for v in iso.X_thresholds_),
+                           tuple(float(v) for v in iso.y_thresholds_))
 
     def encode(self, targets, scale, device):
         return torch.tensor((targets - scale.mean) / scale.std, dtype=torch.float32, device=device).unsqueeze(-1)
 
     def decode(self, out, scale):
-        return out[:, 0] * scale.std + scale.mean
+        p = out[:, 0] * scale.std + scale.mean
+        if scale.knots_x:
+            w = MONOTONE_IDENTITY_SHARE
+            p = (1 - w) * np.interp(p, scale.knots_x, scale.knots_y) + w * p
+        return p
 
     def combine(self, outs):
         return np.mean(outs, axis=0)

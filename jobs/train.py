@@ -36,7 +36,7 @@ from jobs.manifest import RunManifest
 from jobs.metanets import build_metanetwork
 from jobs.ngnn import NGGNN, NGGNNConfig
 from jobs.probes import check_probe_graph
-from jobs.tasks import TargetScale, Task, task_named
+from jobs.tasks import CALIBRATIONS, TargetScale, Task, task_named
 from zoocore.errors import JobError
 
 
@@ -73,6 +73,7 @@ class OptimConfig:
     rank_weight: float = 0.0           # regression: > 0 adds this times a pairwise ranking loss (jobs.tasks.RankedMSE)
     calibrate: bool = True             # regression: a * p + b fitted on the validation split (jobs.tasks);
                                        # NG-GNN, full mode: MAE 0.064 -> 0.061 fixed zoo, 0.0961 -> 0.0959 diverse
+    calibration: str = "linear"        # linear | monotone: the line, then an increasing isotonic map (jobs.tasks)
     seed: int = 0
     device: str = "cpu"
     max_train_batches: int | None = None   # cap per epoch (smoke runs); None = all
@@ -257,6 +258,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
             raise JobError(f"the training split has a single class of {sel.target!r} ({', '.join(seen) or 'none'}): "
                            "a classifier of one class scores perfectly without learning anything; select more "
                            "models (--where) or another --target")
+    if cfg.calibration not in CALIBRATIONS:
+        raise JobError(f"--calibration {cfg.calibration!r}: one of {', '.join(CALIBRATIONS)}")
     if cfg.rank_weight < 0:
         raise JobError("--rank-weight must be >= 0")
     task.loss(cfg.rank_weight)          # refuses a ranking term before any data is read where classes have no order
@@ -292,7 +295,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     all_idx = np.arange(len(sel.model_ids))
     out, emb = infer_ensemble(models, stream, all_idx, cfg.batch_size, device, task, ctx)
     if cfg.calibrate and len(val_idx):
-        scale = task.calibrate(out[val_idx], sel.targets[val_idx], scale)
+        scale = task.calibrate(out[val_idx], sel.targets[val_idx], scale, cfg.calibration)
     pred = task.decode(out, scale)
     test = sel.mask("test")
     results = {cfg.model: pred}

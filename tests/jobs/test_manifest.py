@@ -30,9 +30,16 @@ def test_manifest_round_trips_typed():
     assert back.train["epochs"] == 3 and json.loads(m.to_json())["format"] == "zoograph.run/1"
 
 
+def test_a_monotone_calibration_travels_with_the_run():
+    m = _manifest()
+    m.scale = TargetScale(0.4, 0.2, (0.1, 0.3, 0.8), (0.15, 0.2, 0.7))
+    back = RunManifest.from_json(m.to_json())
+    assert back.scale == m.scale
+
+
 def test_manifests_saved_before_the_format_was_named_still_load():
     d = json.loads(_manifest().to_json())
-    for key in ("format", "members"):
+    for key in ("format", "members", "target_knots"):
         del d[key]
     del d["model"]["kind"]
     d.update(task="regression", target_mean=0.5, target_std=0.25, classes=None)

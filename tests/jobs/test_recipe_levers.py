@@ -98,12 +98,12 @@ def test_fourier_features_keep_predictions_invariant(catalog_dir, kind):
 def test_a_run_with_the_levers_trains_and_reloads_with_them(catalog_copy):
     cfg = TrainConfig(where="zoo = 'cnn'", ensemble=1, epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2,
                       patience=2, weight_noise=0.05, weight_dropout=0.05, fourier=4, bn_stats=True, rank_weight=2.0,
-                      baselines=False)
+                      calibration="monotone", baselines=False)
     report = train_heterognn(catalog_copy, cfg, progress=False)
     models, manifest = load_metanetwork(Catalog(catalog_copy), report.run_id)
     assert models[0].cfg.fourier == 4 and models[0].edge_fourier is not None
     assert manifest.train["weight_noise"] == 0.05 and manifest.train["weight_dropout"] == 0.05
-    assert manifest.train["rank_weight"] == 2.0
+    assert manifest.train["rank_weight"] == 2.0 and manifest.train["calibration"] == "monotone"
     assert manifest.train["bn_stats"] is True
     con = duck.connect(catalog_copy)
     mine = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = 'ngnn'",

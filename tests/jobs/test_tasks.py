@@ -91,3 +91,24 @@ def test_the_ranking_term_penalises_misordered_pairs_that_squared_error_cannot_t
 def test_a_ranking_term_on_classes_is_refused():
     with pytest.raises(JobError, match="no order"):
         Classification().loss(rank_weight=1.0)
+
+
+def test_a_monotone_calibration_straightens_a_curve_and_never_reorders():
+    task, rng = Regression(), np.random.default_rng(1)
+    scale = task.fit_scale(np.array([0.2, 0.5, 0.8]))
+    out = np.sort(rng.normal(size=(300, 1)), axis=0)
+    raw = task.decode(out, scale)
+    y = 0.5 + 0.3 * np.tanh(3 * (raw - 0.5)) + rng.normal(scale=0.01, size=300)   # a curve, not a line
+    linear = task.calibrate(out, y, scale, "linear")
+    monotone = task.calibrate(out, y, scale, "monotone")
+    assert not linear.knots_x and len(monotone.knots_x) >= 2
+    err = lambda s: float(np.abs(task.decode(out, s) - y).mean())  # noqa: E731
+    assert err(monotone) < 0.6 * err(linear)
+    # strictly increasing everywhere, also where the isotonic fit is flat and beyond its knots
+    wide = np.linspace(-6, 6, 2001)[:, None]
+    assert (np.diff(task.decode(wide, monotone)) > 0).all()
+    test_out = rng.normal(size=(200, 1))
+    assert task.metrics(y[:200], task.decode(test_out, monotone))["kendall_tau"] == pytest.approx(
+        task.metrics(y[:200], task.decode(test_out, linear))["kendall_tau"], abs=1e-12)
+    with pytest.raises(JobError, match="one of linear, monotone"):
+        task.calibrate(out, y, scale, "spline")
