@@ -61,14 +61,14 @@ def _device_option(fn):
                    "training time; 1 for a single model).")
 @click.option("--patience", type=click.IntRange(min=1), default=5, show_default=True,
               help="Early stopping: epochs without a better validation score.")
-@click.option("--rank-weight", type=click.FloatRange(min=0.0), default=0.0, show_default=True, metavar="W",
+@click.option("--rank-weight", type=click.FloatRange(min=0.0), default=3.0, show_default=True, metavar="W",
               help="Regression: add W times a pairwise ranking loss (RankNet's, over the pairs of each batch) to the "
                    "squared error; Kendall tau counts only misordered pairs. 0 = squared error alone.")
 @click.option("--calibrate/--no-calibrate", default=True, show_default=True,
               help="Regression: map the (ensemble's) predictions through a * p + b fitted by least squares on the "
                    "validation split (a > 0: the order, hence Kendall tau, is unchanged; R^2 and MAE improve). "
                    "Saved with the run, so `jobs predict` applies it too.")
-@click.option("--calibration", type=click.Choice(["linear", "monotone"]), default="linear", show_default=True,
+@click.option("--calibration", type=click.Choice(["linear", "monotone"]), default="monotone", show_default=True,
               help="With --calibrate: linear (a * p + b) or monotone (that line, then an isotonic map fitted on the "
                    "validation split, blended with the identity so it stays strictly increasing: the order, hence "
                    "Kendall tau, is unchanged; a curved relation between predictions and targets is straightened).")

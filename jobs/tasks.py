@@ -52,7 +52,7 @@ class Task:
 
     def loss(self, rank_weight: float = 0.0) -> torch.nn.Module:
         """The training loss; ``rank_weight`` > 0 adds a pairwise ranking term where the task has an
-        order (regression), and is refused where it has none."""
+        order (regression); a task without one (classification) ignores it, as it ignores calibration."""
         raise NotImplementedError
 
     def fit_scale(self, train_targets: np.ndarray) -> TargetScale:
@@ -218,9 +218,7 @@ class Classification(Task):
         return len(classes)
 
     def loss(self, rank_weight=0.0):
-        if rank_weight > 0:
-            raise JobError("--rank-weight adds a ranking term to a regression loss; classes have no order")
-        return torch.nn.CrossEntropyLoss()
+        return torch.nn.CrossEntropyLoss()          # classes have no order: no ranking term
 
     def encode(self, targets, scale, device):
         return torch.tensor(targets, dtype=torch.int64, device=device)

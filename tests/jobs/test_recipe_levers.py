@@ -116,14 +116,6 @@ def test_a_run_with_the_levers_trains_and_reloads_with_them(catalog_copy):
     assert max(abs(again[m] - v) for m, v in mine.items()) < 1e-5   # predict prepares the graphs the same way
 
 
-def test_a_ranking_term_for_a_classification_target_is_refused_before_training(catalog_copy):
-    from zoocore.errors import JobError
-
-    with pytest.raises(JobError, match="no order"):
-        train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", target="activation", rank_weight=1.0,
-                                                  ensemble=1, epochs=1, baselines=False), progress=False)
-
-
 def test_with_augmentation_batch_norms_become_affine_maps_after_each_rescaling(catalog_dir):
     from jobs.train import preparation, training_changes
     from pipeline.graph_codec import read_plans

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.tasks import TASKS, Classification, Regression, task_named
+from jobs.tasks import TASKS, Classification, RankedMSE, Regression, task_named
 from zoocore.errors import JobError
 
 
@@ -88,9 +88,9 @@ def test_the_ranking_term_penalises_misordered_pairs_that_squared_error_cannot_t
     assert float(ranked(ordered[:1].expand(4, 1), flat)) == pytest.approx(float(mse(ordered[:1].expand(4, 1), flat)))
 
 
-def test_a_ranking_term_on_classes_is_refused():
-    with pytest.raises(JobError, match="no order"):
-        Classification().loss(rank_weight=1.0)
+def test_classes_have_no_order_so_no_ranking_term():
+    assert isinstance(Classification().loss(rank_weight=3.0), torch.nn.CrossEntropyLoss)
+    assert not isinstance(Classification().loss(rank_weight=3.0), RankedMSE)
 
 
 def test_a_monotone_calibration_straightens_a_curve_and_never_reorders():

@@ -135,14 +135,17 @@ def test_predictions_are_invariant_and_node_embeddings_equivariant(trained, cnn_
     assert rel(h1, h0) > 1e-3     # the embeddings really moved with the neurons
 
 
-def test_the_saved_calibration_is_the_validation_fit_and_reaches_predict(tmp_path, cnn_zoo):
+@pytest.mark.parametrize("calibration", ["linear", "monotone"])
+def test_the_saved_calibration_is_the_validation_fit_and_reaches_predict(tmp_path, cnn_zoo, calibration):
     """The run's predictions are a * p + b of the raw outputs, fitted by least squares on the
-    validation split (kept as they are when the slope is not positive): the same order, a validation
-    squared error no larger than uncalibrated, and `jobs predict` decodes them the same way."""
+    validation split (kept as they are when the slope is not positive), and with the monotone
+    calibration that line's values through the saved isotonic knots, blended with the identity: the
+    same order, a validation squared error no larger than uncalibrated (than the line, for the
+    monotone map), and `jobs predict` decodes them the same way."""
     # enough validation models to fit on (at least 10)
     ingest_with_split_column(cnn_zoo, tmp_path, ["train", "val", "train", "val", "test"])
-    report = train_heterognn(tmp_path / "cat", TrainConfig(split_column="fold", baselines=False, **FAST),
-                             progress=False)
+    report = train_heterognn(tmp_path / "cat", TrainConfig(split_column="fold", baselines=False,
+                                                           calibration=calibration, **FAST), progress=False)
     models, meta = load_metanetwork(Catalog(tmp_path / "cat"), report.run_id)
     con = duck.connect(tmp_path / "cat")
     got = con.execute("SELECT p.model_id, p.split, p.predicted, m.test_accuracy FROM predictions p JOIN models m "
@@ -151,13 +154,27 @@ def test_the_saved_calibration_is_the_validation_fit_and_reaches_predict(tmp_pat
     cal, y = np.array([r[2] for r in got]), np.array([r[3] for r in got])
     ys = y[split == "train"]
     mean, std = float(np.mean(ys)), float(np.std(ys))
-    raw = (cal - meta.scale.mean) / meta.scale.std * std + mean        # the same outputs, the training scale
+    on_line = cal
+    if meta.scale.knots_x:          # undo the (strictly increasing) monotone map to find the line's values
+        grid = np.linspace(min(cal.min(), meta.scale.knots_x[0]) - 1, max(cal.max(), meta.scale.knots_x[-1]) + 1,
+                           400001)
+        on_grid = 0.9 * np.interp(grid, meta.scale.knots_x, meta.scale.knots_y) + 0.1 * grid
+        on_line = np.interp(cal, on_grid, grid)
+    raw = (on_line - meta.scale.mean) / meta.scale.std * std + mean    # the same outputs, the training scale
     val = split == "val"
     assert val.sum() >= 10
     a, b = np.polyfit(raw[val], y[val], 1)
     if a > 0:
-        assert cal == pytest.approx(a * raw + b, abs=1e-6)
-        assert np.mean((cal[val] - y[val]) ** 2) <= np.mean((raw[val] - y[val]) ** 2) + 1e-12
+        assert on_line == pytest.approx(a * raw + b, abs=1e-5)      # the line is the validation least squares
+        assert np.mean((on_line[val] - y[val]) ** 2) <= np.mean((raw[val] - y[val]) ** 2) + 1e-10
+    if a > 0 and calibration == "monotone":
+        from sklearn.isotonic import IsotonicRegression
+
+        iso = IsotonicRegression(out_of_bounds="clip").fit(on_line[val], y[val])
+        assert meta.scale.knots_y == pytest.approx(iso.y_thresholds_, abs=1e-5)
+        assert np.mean((cal[val] - y[val]) ** 2) <= np.mean((on_line[val] - y[val]) ** 2) + 1e-10
+    elif a > 0:
+        assert not meta.scale.knots_x
     else:
         assert (meta.scale.mean, meta.scale.std) == pytest.approx((mean, std))
     assert kendall_tau(y, cal) == pytest.approx(kendall_tau(y, raw))
