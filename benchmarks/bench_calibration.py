@@ -68,11 +68,12 @@ def main(argv=None) -> int:
             recipe += f" relation_values {cfg.get('relation_values', False)}"
         groups.setdefault(recipe, []).append(res)
         print(f"{run_id} {recipe} fold {cfg.get('fold')}  " + "  ".join(
-            f"{m}: tau {r['kendall_tau']:.4f} R^2 {r['r2']:.3f} MAE {r['mae']:.4f}" for m, r in res.items()), flush=True)
+            f"{m}: tau {r['kendall_tau']:.4f} R^2 {r['r2']:.3f} MAE {r['mae']:.4f}" for m, r in res.items()),
+            flush=True)
     for recipe, rows in groups.items():      # one line per recipe: the mean over its runs (folds)
+        mean = {m: {k: np.mean([r[m][k] for r in rows]) for k in ("kendall_tau", "r2", "mae")} for m in CALIBRATIONS}
         print(f"mean of {len(rows)} runs, {recipe}:  " + "  ".join(
-            f"{m}: tau {np.mean([r[m]['kendall_tau'] for r in rows]):.4f} R^2 {np.mean([r[m]['r2'] for r in rows]):.3f} "
-            f"MAE {np.mean([r[m]['mae'] for r in rows]):.4f}" for m in CALIBRATIONS))
+            f"{m}: tau {v['kendall_tau']:.4f} R^2 {v['r2']:.3f} MAE {v['mae']:.4f}" for m, v in mean.items()))
     return 0
 
 

@@ -40,7 +40,8 @@ class RunManifest:
     def to_json(self) -> bytes:
         d = {"format": FORMAT, "model": self.model.to_dict(), "members": self.members, "stats": self.stats.to_dict(),
              "target_mean": self.scale.mean, "target_std": self.scale.std,
-             "target_knots": [list(self.scale.knots_x), list(self.scale.knots_y)], "task": self.task, "target": self.target,
+             "target_knots": [list(self.scale.knots_x), list(self.scale.knots_y)], "task": self.task,
+             "target": self.target,
              "classes": list(self.classes), "frame": list(self.frame), "train": self.train}
         return json.dumps(d, indent=1, default=str).encode()
 

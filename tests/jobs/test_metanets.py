@@ -48,8 +48,8 @@ def test_the_cli_defaults_are_the_library_recipe():
             default = tuple(default) if isinstance(default, (list, tuple)) else ()
         assert default == recipe[field], f"--{p.name}: CLI {p.default!r}, TrainConfig {recipe[field]!r}"
         checked.add(field)
-    assert {"epochs", "ensemble", "patience", "calibrate", "calibration", "rank_weight", "attention_groups", "attention_std",
-            "relation_values", "fourier", "bn_stats", "hidden", "layers", "lr", "model"} <= checked
+    assert {"epochs", "ensemble", "patience", "calibrate", "calibration", "rank_weight", "attention_groups",
+            "attention_std", "relation_values", "fourier", "bn_stats", "hidden", "layers", "lr", "model"} <= checked
     from jobs.tasks import CALIBRATIONS
 
     choice = next(p for p in train_heterognn_cmd.params if p.name == "calibration").type.choices
