@@ -127,7 +127,13 @@ def test_predictions_are_invariant_and_node_embeddings_equivariant(trained, cnn_
         out1, z1 = model(g1)
         h0, h1 = model.node_embeddings(g0)["hidden"], model.node_embeddings(g1)["hidden"]
     rel = lambda a, b: float((a - b).abs().max() / (b.abs().max() + 1e-12))  # noqa: E731
-    assert rel(out1, out0) < 1e-5 and rel(z1, z0) < 1e-5
+    # the prediction users read (the decoded accuracy) and the graph embedding change by < 1e-5 relative;
+    # the raw head output is one number that may sit near 0, where float32 rounding alone (~1e-8 in
+    # absolute terms) is a large relative change, so it is held to an absolute bound far below any signal
+    task = meta.task_kind
+    pred0, pred1 = (torch.as_tensor(task.decode(o.numpy().astype(np.float64), meta.scale)) for o in (out0, out1))
+    assert rel(pred1, pred0) < 1e-5 and rel(z1, z0) < 1e-5
+    assert float((out1 - out0).abs().max()) < 1e-6
     n_in = int((graph.node_type == 0).sum())
     hidden = np.nonzero(graph.node_type == 1)[0]
     moved = torch.as_tensor(perm[hidden] - n_in)
