@@ -45,6 +45,8 @@ class FlatEdges:
     counts: dict[str, int]
     parts: list[tuple[tuple, int, int]]          # (etype, first edge, end) in the flat edge order
     relation: torch.Tensor                       # per flat edge: its etype's index in etypes, len(etypes) for self-loops
+    blocks: list[int]                            # the same per block of ``parts``, then the self-loops' block
+    block_rows: list[int]                        # edges of each of those blocks (for rel_linear)
 
 
 def flat_edges(g: dgl.DGLHeteroGraph, etypes, structure) -> FlatEdges:
@@ -52,7 +54,7 @@ def flat_edges(g: dgl.DGLHeteroGraph, etypes, structure) -> FlatEdges:
     offsets, total = {}, 0
     for t in NODE_TYPES:
         offsets[t], total = total, total + counts[t]
-    src, dst, parts, relation, start = [], [], [], [], 0
+    src, dst, parts, relation, blocks, start = [], [], [], [], [], 0
     for i, et in enumerate(etypes):
         ix = structure.get(tuple(et))
         if ix is None:
@@ -62,13 +64,15 @@ def flat_edges(g: dgl.DGLHeteroGraph, etypes, structure) -> FlatEdges:
         dst.append(ix.dst + offsets[d])
         relation.append(torch.full((len(ix.src),), i, device=g.device))
         parts.append((tuple(et), start, start + len(ix.src)))
+        blocks.append(i)
         start += len(ix.src)
     loops = torch.arange(total, device=g.device)
     src.append(loops)
     dst.append(loops)
     relation.append(torch.full((total,), len(etypes), device=g.device))
     hg = dgl.graph((torch.cat(src), torch.cat(dst)), num_nodes=total, device=g.device)
-    return FlatEdges(hg, offsets, counts, parts, torch.cat(relation).long())
+    return FlatEdges(hg, offsets, counts, parts, torch.cat(relation).long(), blocks + [len(etypes)],
+                     [b - a for _, a, b in parts] + [total])
 
 
 def group_softmax(logits: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:
@@ -90,7 +94,6 @@ class RelationalAttentionLayer(nn.Module):
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not a multiple of {heads} heads")
         self.heads, self.dk = heads, hidden // heads
-        self.etype_index = {tuple(e): i for i, e in enumerate(etypes)}
         self.relation_values = relation_values
         self.qkv = nn.Linear(hidden, (2 if relation_values else 3) * hidden)
         if relation_values:     # one value map per edge type (the last: self-loops), as NG-GNN's messages
@@ -121,9 +124,8 @@ class RelationalAttentionLayer(nn.Module):
         src, dst = flat.graph.edges()
         if self.relation_values:
             q, k = self.qkv(x).view(n, 2, self.heads, self.dk).unbind(1)
-            rel = [self.etype_index[et] for et, _, _ in flat.parts] + [len(self.etype_index)]
-            rows = [b - a for _, a, b in flat.parts] + [n]
-            v_src = rel_linear(x.index_select(0, src), self.value_weight, self.value_bias, rel, rows)
+            v_src = rel_linear(x.index_select(0, src), self.value_weight, self.value_bias, flat.blocks,
+                               flat.block_rows)
             v_src = v_src.view(-1, self.heads, self.dk)
         else:
             q, k, v = self.qkv(x).view(n, 3, self.heads, self.dk).unbind(1)
