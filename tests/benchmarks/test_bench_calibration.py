@@ -23,6 +23,6 @@ def test_rescoring_keeps_the_order_and_straightens_a_curve():
     assert res["monotone"]["mae"] < 0.6 * res["linear"]["mae"] and res["monotone"]["r2"] > res["linear"]["r2"]
 
 
-def test_it_asks_for_runs(tmp_path, catalog_dir):
+def test_it_asks_for_runs(catalog_dir):
     with pytest.raises(SystemExit):
         bench_calibration.main([str(catalog_dir)])
