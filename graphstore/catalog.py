@@ -38,6 +38,7 @@ from graphstore.lease import LEASE, LocalLease, local_abandoned, remote_abandone
 from graphstore.schema import RESULT_RELATIONS
 from zoocore.config import is_url
 from zoocore.errors import CatalogError
+from zoocore.names import check_name
 
 ROW_GROUP_ROWS = {"edges": 262_144, "nodes": 262_144, "layers": 65_536}
 
@@ -201,6 +202,7 @@ class Catalog:
 
     def commit_results(self, run_id: str, tables: dict[str, pa.Table]):
         """Write the runs / predictions / embeddings of one run atomically (one folder per write)."""
+        check_name(run_id, "run id")
         return self._commit("results", f"{run_id}-{uuid.uuid4().hex[:6]}", tables)
 
     def files(self, relation: str) -> list:
@@ -219,6 +221,10 @@ class Catalog:
         """All files of a run's artifacts (``artifacts/RUN_ID/``), committed at once: a crash leaves
         either every file or no folder (and a temporary one that ``clean_incomplete`` removes)."""
 
+        check_name(run_id, "run id")
+        for name in files:
+            check_name(name, "artifact name")
+
         def write(folder):
             for name, data in files.items():
                 if self.remote:
@@ -231,6 +237,8 @@ class Catalog:
     def write_artifact(self, run_id: str, name: str, data: bytes) -> None:
         """One file of a run's artifacts under ``artifacts/RUN_ID/``, replaced atomically (written
         under a temporary name, then renamed over the old one)."""
+        check_name(run_id, "run id")
+        check_name(name, "artifact name")
         if self.remote:
             self.fs.pipe_file(self._key("artifacts", run_id, name), data)   # an object PUT is atomic
             return
@@ -248,6 +256,8 @@ class Catalog:
 
     def read_artifact(self, run_id: str, name: str) -> bytes | None:
         """A file of a run's artifacts, or None when it is not there (or not committed yet)."""
+        check_name(run_id, "run id")
+        check_name(name, "artifact name")
         if self.remote:
             key = self._key("artifacts", run_id, name)
             if self.fs.exists(self._key("artifacts", run_id, LEASE)) and \

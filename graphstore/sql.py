@@ -1,22 +1,29 @@
 """Read-only SQL over the catalog for users (``pipeline sql``, ``--where`` conditions of jobs).
 
-Two locks: only SELECT-like statements are accepted (anything that writes, attaches, copies,
-installs, loads or sets is refused by name), and the connection is sandboxed to the catalog
-folder with external access disabled, a memory limit, and the configuration locked. Every
-piece of SQL a user writes runs on such a connection (``readonly_connection``).
+Three locks, each enough alone for what it guards:
 
-Queries have a time limit: ``run_interruptible`` runs the DuckDB call in a worker thread and
-interrupts it (``con.interrupt()``) when the limit passes or on Ctrl-C, which DuckDB itself does
-not notice while it computes.
+1. **The statement.** DuckDB's own parser decides (``extract_statements`` and each statement's
+   type): one SELECT-like statement (SELECT, WITH, FROM, VALUES, DESCRIBE, SUMMARIZE, SHOW), or
+   EXPLAIN of one (never EXPLAIN ANALYZE, which runs its statement). Everything else is refused
+   by its own name before a connection exists.
+2. **The connection.** External access is disabled except for the catalog folder, the memory limit
+   and every other setting are locked (``readonly_connection``).
+3. **The process.** The query runs in a child process (``graphstore.sql_worker``) that sees the
+   catalog through a read-only mount of its own (a private mount namespace, where the machine
+   allows one: ``sandbox_kind``), holds an address-space limit of its memory limit, and is killed
+   at the time limit, on Ctrl-C, or when this process dies. A query that crashes DuckDB crashes
+   only that child; the caller gets one line.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
-import threading
-import time
+import signal
+import subprocess
+import sys
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import Sequence
 
 import duckdb
 import pyarrow as pa
@@ -25,26 +32,60 @@ from graphstore import duck
 from graphstore.catalog import Catalog
 from zoocore.errors import CatalogError, QueryRefused, QueryTimeout
 
-ALLOWED = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MEMORY_SHARE = 0.25          # of physical memory, when no --memory-limit is given
+MIN_MEMORY = 16 * 2**20
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%|B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)?\s*$", re.IGNORECASE)
-T = TypeVar("T")
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_LEADING = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.S)
+_WORD = re.compile(r"[A-Za-z_]+")
+READS = {duckdb.StatementType.SELECT}
+REFUSED_EXIT = 3          # the worker's exit code for a query DuckDB refused or failed (message on stderr)
+
+
+def _statements(query: str) -> list:
+    try:
+        return duckdb.extract_statements(query)
+    except duckdb.Error as exc:
+        raise CatalogError(str(exc).strip().splitlines()[0]) from exc
+    except RecursionError:
+        raise QueryRefused("the statement is nested too deeply to parse") from None
+
+
+def _after_keyword(text: str) -> str:
+    """``text`` past its first keyword and any comments around it."""
+    text = _LEADING.sub("", text, count=1)
+    m = _WORD.match(text)
+    return _LEADING.sub("", text[m.end():] if m else text, count=1)
+
+
+def _statement_name(st) -> str:
+    word = _WORD.match(_LEADING.sub("", st.query, count=1))
+    return (word.group() if word else st.type.name).upper()
 
 
 def check_readonly(query: str) -> None:
-    """Raise QueryRefused unless every statement of ``query`` only reads."""
-    try:
-        statements = duckdb.extract_statements(query)
-    except duckdb.Error as exc:
-        raise CatalogError(str(exc)) from exc
+    """Raise QueryRefused unless ``query`` is one statement that only reads (decided by DuckDB's
+    parser: see the module)."""
+    statements = _statements(query)
     if not statements:
         raise QueryRefused("empty query")
     for st in statements:
-        if st.type not in ALLOWED:
-            kind = st.type.name.lower()
-            raise QueryRefused(f"{kind.upper()} statements are refused: `pipeline sql` is read-only "
-                               "(SELECT, WITH ... SELECT, EXPLAIN, DESCRIBE, SUMMARIZE only)")
+        if st.type in READS:
+            continue
+        if st.type == duckdb.StatementType.EXPLAIN:
+            rest = _after_keyword(st.query)
+            if _WORD.match(rest) and _WORD.match(rest).group().upper() in ("ANALYZE", "ANALYSE"):
+                raise QueryRefused("EXPLAIN ANALYZE statements are refused: they run the statement they explain "
+                                   "(`pipeline sql` is read-only; plain EXPLAIN is allowed)")
+            inner = _statements(rest.rstrip().rstrip(";"))
+            if len(inner) == 1 and inner[0].type in READS:
+                continue
+        raise QueryRefused(f"{_statement_name(st)} statements are refused: `pipeline sql` is read-only "
+                           "(SELECT, WITH ... SELECT, EXPLAIN, DESCRIBE, SUMMARIZE only)")
+    if len(statements) > 1:
+        raise QueryRefused(f"one statement at a time: the query holds {len(statements)} (separated by ;)")
 
 
 def physical_memory() -> int | None:
@@ -70,17 +111,30 @@ def memory_limit_setting(limit: str | None = None) -> str:
         if value > 100:
             raise CatalogError(f"invalid memory limit {limit!r}: more than 100% of memory")
         return f"{max(int(total * value / 100) // 2**20, 16)}MiB"
+    if value * _UNITS[unit] < MIN_MEMORY:
+        raise CatalogError(f"invalid memory limit {limit!r}: a query needs at least 16MB")
     return f"{value:g}{unit}"
 
 
-def readonly_connection(catalog: Catalog | str | Path, memory_limit: str | None = None) -> duckdb.DuckDBPyConnection:
+def memory_limit_bytes(setting: str) -> int:
+    """The bytes of a ``memory_limit_setting`` result."""
+    m = _MEMORY.match(setting)
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").upper()])
+
+
+def readonly_connection(catalog: Catalog | str | Path, memory_limit: str | None = None,
+                        temp_dir: str | Path | None = None) -> duckdb.DuckDBPyConnection:
     """A connection over the catalog that can read nothing outside it and change nothing about
-    itself: files outside the catalog, extensions, settings (memory limit included) are refused."""
+    itself: files outside the catalog, extensions, settings (memory limit included) are refused.
+    ``temp_dir``: where DuckDB may spill (else nowhere)."""
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     catalog.require()
     setting = memory_limit_setting(memory_limit)
     con = duck.connect(catalog)
     root = (catalog.root if catalog.remote else str(catalog.root.resolve())).replace("'", "''")
+    con.execute("SET enable_progress_bar = false")
+    if temp_dir is not None:
+        con.execute("SET temp_directory = '" + str(temp_dir).replace("'", "''") + "'")
     con.execute(f"SET memory_limit = '{setting}'")
     con.execute(f"SET allowed_directories = ['{root}/']")
     con.execute("SET enable_external_access = false")
@@ -88,63 +142,61 @@ def readonly_connection(catalog: Catalog | str | Path, memory_limit: str | None 
     return con
 
 
-def run_interruptible(con: duckdb.DuckDBPyConnection, fn: Callable[[], T], timeout: float | None,
-                      what: str = "query") -> T:
-    """``fn()`` (DuckDB work on ``con``) in a worker thread, interrupted after ``timeout`` seconds
-    (None or 0: no limit), raising QueryTimeout, or on Ctrl-C, re-raising KeyboardInterrupt."""
-    out: dict = {}
-    done = threading.Event()       # not Thread.join: a join interrupted by Ctrl-C misreports the thread
+def _worker_env() -> dict:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)          # the project, importable in the child
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
-    def work():
-        try:
-            out["value"] = fn()
-        except BaseException as exc:      # handed to the caller's thread
-            out["error"] = exc
-        finally:
-            done.set()
 
-    worker = threading.Thread(target=work, name="zoograph-query", daemon=True)
-    deadline = time.monotonic() + timeout if timeout else None
-    worker.start()
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
     try:
-        while not done.is_set():
-            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
-            if left <= 0:
-                con.interrupt()
-                done.wait(10)
-                raise QueryTimeout(f"{what} stopped after {timeout:g} s (the time limit; raise it with "
-                                   "--timeout SECONDS, 0 for none)")
-            done.wait(left)
-    except KeyboardInterrupt:
-        con.interrupt()
-        done.wait(10)
-        raise
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+        proc.communicate(timeout=10)
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        pass
 
 
 def run_readonly(catalog: Catalog | str | Path, query: str, params: Sequence | None = None,
                  timeout: float | None = DEFAULT_TIMEOUT, memory_limit: str | None = None) -> pa.Table:
-    """Run a read-only query, stopped after ``timeout`` seconds, within ``memory_limit``;
-    DuckDB's own message on a bad query."""
+    """Run a read-only query in the sandboxed worker process, stopped after ``timeout`` seconds
+    (None or 0: no limit), within ``memory_limit`` for the whole worker; DuckDB's own message on a
+    bad query, one line for everything else. Ctrl-C stops the worker and re-raises."""
     check_readonly(query)
-    con = readonly_connection(catalog, memory_limit)
-
-    def execute() -> pa.Table:
-        rel = con.sql(query, params=params) if params else con.sql(query)
-        if rel is None:
-            return pa.table({})
-        return rel.arrow().read_all()
-
+    catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    catalog.require()
+    setting = memory_limit_setting(memory_limit)
+    request = json.dumps({"catalog": str(catalog.root), "query": query, "params": list(params) if params else None,
+                          "memory_limit": setting}, default=str).encode()
+    proc = subprocess.Popen([sys.executable, "-m", "graphstore.sql_worker"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_worker_env())
     try:
-        return run_interruptible(con, execute, timeout)
-    except duckdb.PermissionException as exc:
-        raise QueryRefused(f"refused: {exc}") from exc
-    except duckdb.OutOfMemoryException as exc:
-        raise CatalogError(f"the query needs more memory than its limit of "
-                           f"{memory_limit_setting(memory_limit)} (--memory-limit): {str(exc).splitlines()[0]}") from exc
-    except duckdb.Error as exc:
-        raise CatalogError(str(exc)) from exc
-    finally:
-        con.close()
+        out, err = proc.communicate(request, timeout=timeout or None)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise QueryTimeout(f"query stopped after {timeout:g} s (the time limit; raise it with --timeout SECONDS, "
+                           "0 for none)") from None
+    except BaseException:               # Ctrl-C, or anything else: the worker never outlives the call
+        _stop(proc)
+        raise
+    if proc.returncode == 0:
+        try:
+            return pa.ipc.open_stream(out).read_all()
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise CatalogError(f"the query worker returned a malformed result: {exc}") from exc
+    message = err.decode("utf-8", "replace").strip().splitlines()
+    if proc.returncode == REFUSED_EXIT and message:
+        kind, _, text = message[-1].partition(":")
+        error = {"refused": QueryRefused, "memory": CatalogError}.get(kind, CatalogError)
+        if kind == "memory":
+            text = f"the query needs more memory than its limit of {setting} (--memory-limit): {text}"
+        raise error(text)
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name
+        raise CatalogError(f"the query stopped its worker process with {name}"
+                           + (" (most likely its memory limit, --memory-limit)" if name in ("SIGSEGV", "SIGABRT",
+                                                                                          "SIGKILL") else "")
+                           + "; nothing was changed")
+    last = message[-1][:300] if message else "no message"
+    raise CatalogError(f"the query worker failed (exit {proc.returncode}): {last}")

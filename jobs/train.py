@@ -8,7 +8,6 @@ metanetwork to ``CATALOG/artifacts/RUN_ID/``, and ``predicted_<target>`` to the 
 from __future__ import annotations
 
 import copy
-import io
 import json
 import math
 import time
@@ -36,6 +35,7 @@ from jobs.manifest import RunManifest
 from jobs.metanets import build_metanetwork
 from jobs.ngnn import NGGNN, NGGNNConfig
 from jobs.probes import check_probe_graph
+from jobs.run_weights import read_weights, require_run, weights_files
 from jobs.tasks import CALIBRATIONS, TargetScale, Task, task_named
 from zoocore.errors import JobError
 
@@ -472,22 +472,21 @@ def write_run(catalog: Catalog, run_id: str, cfg: TrainConfig | dict, sel: Selec
 
 def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Selection, stats: LayerStats,
                      scale: TargetScale, cfg: TrainConfig):
-    """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.pt`` state dict per member and ``metanet.json``,
-    committed as one folder (a crash leaves all of them or none)."""
+    """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.safetensors`` state dict per member and
+    ``metanet.json``, committed as one folder (a crash leaves all of them or none)."""
     manifest = RunManifest(model=models[0].cfg, stats=stats, task=sel.task, target=sel.target, frame=tuple(sel.frame),
                            scale=scale, classes=list(sel.classes), members=len(models), train=asdict(cfg))
     files = {}
     for k, model in enumerate(models):
-        buf = io.BytesIO()
-        torch.save({key: v.cpu() for key, v in model.state_dict().items()}, buf)
-        files[f"metanet-{k}.pt"] = buf.getvalue()
+        files.update(weights_files(f"metanet-{k}", model.state_dict()))
     files["metanet.json"] = manifest.to_json()
     catalog.commit_artifacts(run_id, files)
     return catalog.location("artifacts", run_id)
 
 
 def load_metanetwork(catalog: Catalog, run_id: str, device: str = "cpu") -> tuple[list[NGGNN], RunManifest]:
-    """The trained members of a run (weights loaded with ``weights_only=True``) and its manifest."""
+    """The trained members of a run (weights read as tensors only: jobs.run_weights) and its manifest."""
+    require_run(catalog, run_id)
     raw = catalog.read_artifact(run_id, "metanet.json")
     if raw is None:
         raise JobError(f"no trained metanetwork for run {run_id!r} in {catalog.artifacts_dir}")
@@ -495,9 +494,7 @@ def load_metanetwork(catalog: Catalog, run_id: str, device: str = "cpu") -> tupl
     models = []
     for k in range(manifest.members):
         model = build_metanetwork(manifest.model)
-        state = torch.load(io.BytesIO(catalog.read_artifact(run_id, f"metanet-{k}.pt")), map_location="cpu",
-                           weights_only=True)
-        model.load_state_dict(state)
+        model.load_state_dict(read_weights(catalog, run_id, f"metanet-{k}"))
         models.append(model.to(device).eval())
     return models, manifest
 

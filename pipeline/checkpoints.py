@@ -1,58 +1,39 @@
 """Reading checkpoints safely: torch.export archives, state dicts (.pt, .safetensors) + JSON spec.
 
-Nothing here unpickles arbitrary objects: ``.pt`` files load with ``weights_only=True`` and the
-weights inside a ``.pt2`` archive go through the same restricted unpickler.
+No byte of a checkpoint reaches ``torch.load``, ``torch.jit.load``, ``torch.export.load`` or
+``pickle``: ``.safetensors`` files are read by safetensors, ``.pt``/``.pth`` zip archives and the
+insides of ``.pt2`` archives by ``pipeline.torch_archive`` (its own restricted unpickler; TorchScript
+archives and legacy pickle files are refused by name before anything is loaded).
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pipeline import torch_archive
 from zoocore.errors import CheckpointError
 
 CHECKPOINT_SUFFIXES = (".pt2", ".pt", ".pth", ".safetensors")
-
-
-@contextlib.contextmanager
-def _weights_only_torch_load():
-    """torch 2.2's torch.export.load calls a plain torch.load on the archive's weights; make it
-    the restricted unpickler so a payload cannot run."""
-    original = torch.load
-    torch.load = functools.partial(original, weights_only=True)
-    try:
-        yield
-    finally:
-        torch.load = original
+MAX_SIDECAR_BYTES = 16 * 2**20
 
 
 def load_exported(path: str | Path):
-    """Load a ``torch.export`` archive (``.pt2``) without running pickled code."""
-    path = Path(path)
-    if not zipfile.is_zipfile(path):
-        raise CheckpointError(f"{path}: not a torch.export archive (not a zip file)")
-    try:
-        with _weights_only_torch_load():
-            return torch.export.load(str(path))
-    except Exception as exc:
-        raise CheckpointError(f"{path}: cannot load torch.export archive: {_first_line(exc)}") from exc
+    """Load a ``torch.export`` archive (``.pt2``) without running anything from it."""
+    return torch_archive.load_exported(path)
 
 
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Load a state dict from ``.safetensors`` or a ``.pt``/``.pth`` file (weights only)."""
+    """Load a state dict from ``.safetensors`` or a ``.pt``/``.pth`` zip archive (tensors only)."""
     path = Path(path)
+    if path.suffix != ".safetensors":
+        return torch_archive.load_tensor_dict(path, str(path))
     try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+        from safetensors.torch import load_file
 
-            state = load_file(str(path))
-        else:
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
+        state = load_file(str(path))
     except Exception as exc:
         raise CheckpointError(f"{path}: cannot read state dict: {_first_line(exc)}") from exc
     return _tensor_dict(path, state)
@@ -60,22 +41,18 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 def tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     """The shapes of a state dict's tensors without reading their data: the ``.safetensors``
-    header, or a ``.pt`` zip archive mapped into memory (an old-style ``.pt`` is loaded: its size
-    is the file's own)."""
+    header, or the ``data.pkl`` of a ``.pt`` zip archive."""
     path = Path(path)
+    if path.suffix != ".safetensors":
+        state = torch_archive.load_tensor_dict(path, str(path), shapes_only=True)
+        return {k: tuple(v.shape) for k, v in state.items()}
     try:
-        if path.suffix == ".safetensors":
-            from safetensors import safe_open
+        from safetensors import safe_open
 
-            with safe_open(str(path), framework="pt") as fh:
-                return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
-        try:
-            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError:
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
+        with safe_open(str(path), framework="pt") as fh:
+            return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
     except Exception as exc:
         raise CheckpointError(f"{path}: cannot read state dict: {_first_line(exc)}") from exc
-    return {k: tuple(v.shape) for k, v in _tensor_dict(path, state).items()}
 
 
 def _tensor_dict(path: Path, state) -> dict[str, torch.Tensor]:
@@ -98,10 +75,15 @@ def read_sidecar(checkpoint: str | Path) -> dict[str, Any]:
     side = sidecar_path(checkpoint)
     if not side.exists():
         return {}
+    if side.stat().st_size > MAX_SIDECAR_BYTES:
+        raise CheckpointError(f"{side}: a JSON sidecar of {side.stat().st_size} bytes, over the limit of "
+                              f"{MAX_SIDECAR_BYTES}")
     try:
         data = json.loads(side.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{side}: invalid JSON sidecar: {exc}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{side}: invalid JSON sidecar: {_first_line(exc)}") from exc
+    except RecursionError:
+        raise CheckpointError(f"{side}: JSON sidecar nested too deeply to read") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{side}: a sidecar must be a JSON object")
     return data

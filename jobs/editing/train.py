@@ -17,7 +17,6 @@ ingested with their lineage (``edited_from``, ``edit``, ``edit_run``) as model c
 from __future__ import annotations
 
 import copy
-import io
 import json
 import math
 import time
@@ -39,6 +38,7 @@ from jobs.editing.heads import GraphEditor, NFNEditor, nfn_available
 from jobs.editing.siren import MLPLayout, Params, mlp_forward, pixel_grid, widen, widened_spec
 from jobs.editing.targets import EDITS
 from jobs.ngnn import NGGNNConfig
+from jobs.run_weights import read_weights, require_run, weights_files
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.graph import NeuralGraph
 from zoocore.errors import JobError
@@ -328,20 +328,19 @@ def write_edited_zoo(out: Path, editor, data: EditData, idx: np.ndarray, spec: d
 
 
 def save_editor(catalog: Catalog, run_id: str, editor: GraphEditor, data: EditData, cfg: EditConfig):
-    """``CATALOG/artifacts/RUN/``: ``editor.pt`` (state dict) and ``metanet.json`` (kind, config,
-    normalisation), committed as one folder."""
-    buf = io.BytesIO()
-    torch.save({k: v.cpu() for k, v in editor.state_dict().items()}, buf)
+    """``CATALOG/artifacts/RUN/``: ``editor.safetensors`` (state dict) and ``metanet.json`` (kind,
+    config, normalisation), committed as one folder."""
     meta = {"kind": "editor", "model": editor.cfg.to_dict(), "members": editor.members, "stats": data.stats.to_dict(),
             "edit": cfg.edit, "layout": asdict(data.layout), "train": asdict(cfg)}
-    catalog.commit_artifacts(run_id, {"editor.pt": buf.getvalue(),
+    catalog.commit_artifacts(run_id, {**weights_files("editor", editor.state_dict()),
                                       "metanet.json": json.dumps(meta, indent=1, default=str).encode()})
     return catalog.location("artifacts", run_id)
 
 
 def load_editor(catalog: Catalog | str, run_id: str, device: str = "cpu") -> tuple[GraphEditor, dict]:
-    """The trained editor of a run (weights loaded with ``weights_only=True``) and its metadata."""
+    """The trained editor of a run (weights read as tensors only: jobs.run_weights) and its metadata."""
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    require_run(catalog, run_id)
     raw = catalog.read_artifact(run_id, "metanet.json")
     if raw is None:
         raise JobError(f"no trained editor for run {run_id!r} in {catalog.artifacts_dir}")
@@ -349,8 +348,7 @@ def load_editor(catalog: Catalog | str, run_id: str, device: str = "cpu") -> tup
     if meta.get("kind") != "editor":
         raise JobError(f"run {run_id!r} saved a {meta.get('kind', 'predictor')!r} metanetwork, not an editor")
     editor = GraphEditor(NGGNNConfig.from_dict(meta["model"]), meta["members"])
-    editor.load_state_dict(torch.load(io.BytesIO(catalog.read_artifact(run_id, "editor.pt")), map_location="cpu",
-                                      weights_only=True))
+    editor.load_state_dict(read_weights(catalog, run_id, "editor"))
     return editor.to(device).eval(), meta
 
 
