@@ -75,17 +75,24 @@ def read_sidecar(checkpoint: str | Path) -> dict[str, Any]:
     side = sidecar_path(checkpoint)
     if not side.exists():
         return {}
-    if side.stat().st_size > MAX_SIDECAR_BYTES:
-        raise CheckpointError(f"{side}: a JSON sidecar of {side.stat().st_size} bytes, over the limit of "
+    return read_json_object(side, "JSON sidecar")
+
+
+def read_json_object(path: str | Path, what: str = "JSON file") -> dict[str, Any]:
+    """A JSON object from a file a user gave (a sidecar, a spec): size- and depth-checked, one-line
+    errors."""
+    path = Path(path)
+    if path.stat().st_size > MAX_SIDECAR_BYTES:
+        raise CheckpointError(f"{path}: a {what} of {path.stat().st_size} bytes, over the limit of "
                               f"{MAX_SIDECAR_BYTES}")
     try:
-        data = json.loads(side.read_text())
+        data = json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{side}: invalid JSON sidecar: {_first_line(exc)}") from exc
+        raise CheckpointError(f"{path}: invalid {what}: {_first_line(exc)}") from exc
     except RecursionError:
-        raise CheckpointError(f"{side}: JSON sidecar nested too deeply to read") from None
+        raise CheckpointError(f"{path}: {what} nested too deeply to read") from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{side}: a sidecar must be a JSON object")
+        raise CheckpointError(f"{path}: a {what} must be a JSON object")
     return data
 
 

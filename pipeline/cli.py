@@ -109,15 +109,14 @@ def ingest(zoo_dir, catalog, workers, zoo_name, shard, no_graph, on_bad_value, n
 @translate_errors
 def convert(checkpoint, spec_file):
     """Show the neural graph of one checkpoint: layers, node and edge counts, relations."""
-    import json
-
     import numpy as np
 
+    from pipeline.checkpoints import read_json_object
     from pipeline.ingest import summarize_plan
     from pipeline.neural_graph.convert import convert_checkpoint
     from pipeline.neural_graph.vocabulary import NODE_TYPES, RELATIONS
 
-    spec = json.loads(open(spec_file).read()) if spec_file else None
+    spec = read_json_object(spec_file, "spec") if spec_file else None
     conv = convert_checkpoint(checkpoint, spec)
     g = conv.graph
     click.echo(f"architecture {conv.plan.signature}: {summarize_plan(conv.plan)}")

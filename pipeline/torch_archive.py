@@ -185,7 +185,10 @@ def _load_zip(zf: zipfile.ZipFile, where: str, shapes_only: bool = False) -> Any
         storages[key] = _Storage(dtype, None if shapes_only else zf.read(info), numel)
         return storages[key]
 
-    return RestrictedUnpickler(io.BytesIO(zf.read(infos[pkls[0]])), read_storage).load()
+    try:
+        return RestrictedUnpickler(io.BytesIO(zf.read(infos[pkls[0]])), read_storage).load()
+    except CheckpointError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
 
 
 def load_tensor_dict(source: str | Path | bytes, where: str | None = None,

@@ -5,7 +5,11 @@ before anything is written:
 
 - ``metrics.csv`` must be UTF-8 text (a BOM is fine); otherwise the zoo is refused with the line
   and column of the first bad byte;
+- a row names its checkpoint by the path relative to the zoo folder (``a/m.safetensors``); a bare
+  file name is accepted where it names one checkpoint of the zoo only;
 - a checkpoint listed twice in ``metrics.csv`` keeps its last row, with a warning naming both rows;
+- a quote that is never closed, or a quoted file name that runs over several lines, refuses the
+  zoo (a lenient reader would silently swallow the rows after it);
 - two ``metrics.csv`` headers that make one column (``Test Accuracy`` and ``test_accuracy``) refuse
   the zoo; the same field given by a sidecar and by ``metrics.csv`` under two spellings is one
   column (``metrics.csv`` wins, as it does for the same spelling);
@@ -77,14 +81,28 @@ def _decode(path: Path) -> str:
                             "(save the file as UTF-8 and ingest again; nothing was written)") from None
 
 
+def metrics_key(name: str, zoo_dir: Path | None = None) -> str:
+    """The key a checkpoint is listed under: its path relative to the zoo, with ``/``."""
+    text = name.strip().replace("\\", "/")
+    if zoo_dir is not None and Path(text).is_absolute():
+        try:
+            text = Path(text).resolve().relative_to(zoo_dir.resolve()).as_posix()
+        except ValueError:
+            pass
+    while text.startswith("./"):
+        text = text[2:]
+    return text
+
+
 def read_metrics_csv(zoo_dir: Path, warnings: list[str]) -> dict[str, Row]:
-    """``metrics.csv`` rows by checkpoint file name (``hparams`` JSON expanded into fields)."""
+    """``metrics.csv`` rows by checkpoint path relative to the zoo (``metrics_key``; ``hparams``
+    JSON expanded into fields)."""
     path = zoo_dir / "metrics.csv"
     if not path.exists():
         return {}
     out: dict[str, Row] = {}
     first_row: dict[str, int] = {}
-    reader = csv.reader(io.StringIO(_decode(path), newline=""))
+    reader = csv.reader(io.StringIO(_decode(path), newline=""), strict=True)
     try:
         header = next(reader, None)
         if not header:
@@ -101,6 +119,9 @@ def read_metrics_csv(zoo_dir: Path, warnings: list[str]) -> dict[str, Row]:
                 continue
             line = reader.line_num
             where = f"{path} row {line}"
+            if "\n" in row[0] or "\r" in row[0]:
+                raise ZooGraphError(f"{where}: the file name runs over several lines (a quote left open?); fix the "
+                                    "quoting (nothing was written)")
             values = {h: parse_cell(v) for h, v in zip(header[1:], row[1:])}
             origin = {h: where for h in values}
             hp = values.pop("hparams", None)
@@ -115,7 +136,7 @@ def read_metrics_csv(zoo_dir: Path, warnings: list[str]) -> dict[str, Row]:
                     origin = {**{k: f"{where} (hparams)" for k in parsed}, **{k: where for k in kept}}
                 else:
                     values["hparams"] = hp
-            name = Path(row[0]).name
+            name = metrics_key(row[0], zoo_dir)
             if name in out:
                 warnings.append(f"{path}: {name} is listed twice (rows {first_row[name]} and {line}); "
                                 f"row {line} is used")
@@ -123,7 +144,8 @@ def read_metrics_csv(zoo_dir: Path, warnings: list[str]) -> dict[str, Row]:
                 first_row[name] = line
             out[name] = Row(values, origin)
     except csv.Error as exc:
-        raise ZooGraphError(f"{path} line {reader.line_num}: not valid CSV: {exc} (nothing was written)") from None
+        hint = " (a quote left open?)" if "end of data" in str(exc) else ""
+        raise ZooGraphError(f"{path} line {reader.line_num}: not valid CSV: {exc}{hint} (nothing was written)") from None
     return out
 
 
@@ -143,6 +165,24 @@ def sidecar_row(checkpoint: Path, zoo_dir: Path) -> Row:
     return Row(values, {k: where for k in values}, "sidecars")
 
 
+def _listed_row(rows: dict[str, Row], checkpoint: Path, zoo_dir: Path, by_name: dict[str, int],
+                warnings: list[str]) -> Row:
+    """The metrics.csv row of ``checkpoint``: by its path relative to the zoo, else by its bare file
+    name when no other checkpoint of the zoo has that name."""
+    try:
+        rel = checkpoint.resolve().relative_to(zoo_dir.resolve()).as_posix()
+    except ValueError:
+        rel = checkpoint.name
+    if rel in rows:
+        return rows[rel]
+    if checkpoint.name in rows:
+        if by_name.get(checkpoint.name, 0) == 1:
+            return rows[checkpoint.name]
+        warnings.append(f"metrics.csv lists {checkpoint.name!r}, which names {by_name[checkpoint.name]} checkpoints "
+                        f"of the zoo; {rel} gets no metrics row (list it by its path relative to the zoo)")
+    return Row()
+
+
 def zoo_metadata(zoo_dir: Path, files: list[Path], established: dict, on_bad_value: str = "null",
                  zoo_files: list[Path] | None = None) -> ZooMetadata:
     """Merged, typed attributes of ``files`` (checkpoints of ``zoo_dir``); see the module docstring.
@@ -157,8 +197,13 @@ def zoo_metadata(zoo_dir: Path, files: list[Path], established: dict, on_bad_val
     merged: dict[str, Row] = {}
     spellings: dict[str, dict[str, str]] = {}          # column -> raw key -> a file it came from
     wanted = {str(p) for p in files}
-    for p in list(files) + [p for p in (zoo_files or []) if str(p) not in wanted]:
-        side, row = sidecar_row(p, zoo_dir), csv_rows.get(p.name, Row())
+    everything = list(files) + [p for p in (zoo_files or []) if str(p) not in wanted]
+    by_name: dict[str, int] = {}
+    for p in everything:
+        by_name[p.name] = by_name.get(p.name, 0) + 1
+    for p in everything:
+        row = _listed_row(csv_rows, p, zoo_dir, by_name, warnings)
+        side = sidecar_row(p, zoo_dir)
         out = Row()
         for src in (side, row):                          # metrics.csv last: it wins
             for k, v in src.values.items():
