@@ -78,21 +78,30 @@ def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True,
                 by_target.setdefault((target, run_id), []).append(
                     (model_id, float(value) if task == "regression" else value))
         n_models = 0
+
+        def write(target: MetadataStore) -> None:
+            nonlocal n_models
+            target.write_models([], architectures, layers)
+            for rb in duck.stream(con, "SELECT * FROM models ORDER BY model_id", batch_size=batch):
+                rows = rb.to_pylist()
+                target.write_models(rows, [], [])
+                n_models += len(rows)
+            for (target_name, run_id), rows in by_target.items():
+                target.write_predictions(target_name, rows, run_id)
+            for run_id, pairs in similar.items():
+                target.write_similar(pairs, run_id)
+            for (transform, analysis_id), rows in by_analysis.items():
+                target.write_layer_equivariance(transform, rows, analysis_id)
+
         try:
-            with store.transaction():
-                if clear:
-                    store.clear()
-                store.write_models([], architectures, layers)
-                for rb in duck.stream(con, "SELECT * FROM models ORDER BY model_id", batch_size=batch):
-                    rows = rb.to_pylist()
-                    store.write_models(rows, [], [])
-                    n_models += len(rows)
-                for (target, run_id), rows in by_target.items():
-                    store.write_predictions(target, rows, run_id)
-                for run_id, pairs in similar.items():
-                    store.write_similar(pairs, run_id)
-                for (transform, analysis_id), rows in by_analysis.items():
-                    store.write_layer_equivariance(transform, rows, analysis_id)
+            rebuild = getattr(store, "rebuild", None)
+            if clear and rebuild is not None:          # a fresh database, swapped in whole (the embedded store)
+                rebuild(write)
+            else:
+                with store.transaction():
+                    if clear:
+                        store.clear()
+                    write(store)
         except StoreError as exc:
             raise StoreError(f"{exc} (the graph store was left as it was)") from exc
     finally:

@@ -25,6 +25,9 @@ from zoocore.errors import StoreError
 PROPERTY_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 BATCH = 500
 # Model properties every store has, so queries that name them work on an empty or partial graph.
+# The metadata ones among them (test_accuracy, optimizer, label, ...) are defaults: where a zoo's
+# column has another type, the catalog's type (graphstore.column_types: the first zoo that gives a
+# column values decides it, later misfits are recorded as null) replaces the default.
 BASE_MODEL_PROPERTIES: dict[str, str] = {
     "zoo": "STRING", "source_path": "STRING", "checkpoint": "STRING", "architecture_id": "STRING",
     "num_params": "INT64", "num_nodes": "INT64", "num_edges": "INT64", "metadata_json": "STRING",
@@ -199,7 +202,8 @@ class MetadataStore(ABC):
         if not getattr(self, "_schema_ready", False):
             self._ensure_schema()
             self._schema_ready = True
-            self._ensure_model_properties(dict(BASE_MODEL_PROPERTIES))
+            # defaults only where the store has no such property: a type the catalog gave wins
+            self._ensure_model_properties({k: t for k, t in BASE_MODEL_PROPERTIES.items() if k not in self._model_props})
 
     def clear(self) -> None:
         """Delete every node and relationship (schema kept)."""

@@ -1,8 +1,10 @@
 """The embedded default: Ladybug (a maintained Kuzu fork), an on-disk Cypher database."""
 from __future__ import annotations
 
+import os
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from graphstore.metadata.base import MetadataStore, QueryResult, check_property
 from zoocore.errors import QueryTimeout, StoreError
@@ -34,10 +36,10 @@ def _plain(value: Any) -> Any:
 
 class LadybugStore(MetadataStore):
     backend = "ladybug"
+    _in_transaction = False
 
     def __init__(self, path: str | Path, read_only: bool = False):
         super().__init__(read_only)
-        import ladybug
 
         self.path = Path(path)
         if read_only and not self.path.exists():
@@ -45,11 +47,61 @@ class LadybugStore(MetadataStore):
                              "catalog)")
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._open()
+
+    def _open(self) -> None:
+        import ladybug
+
         try:
-            self._db = ladybug.Database(str(self.path), read_only=read_only)
+            try:
+                self._db = ladybug.Database(str(self.path), read_only=self.read_only)
+            except RuntimeError as exc:
+                if not (self.read_only and "recovery" in str(exc).lower()):
+                    raise
+                self._recover()
+                self._db = ladybug.Database(str(self.path), read_only=True)
             self._conn = ladybug.Connection(self._db)
         except RuntimeError as exc:
             raise StoreError(f"cannot open the embedded graph store at {self.path}: {exc}") from exc
+
+    def _recover(self) -> None:
+        """A writer was killed mid-write: its log must be replayed, which takes one read-write open
+        (the store's own recovery); refused with what to do while another process writes."""
+        import ladybug
+
+        try:
+            ladybug.Database(str(self.path), read_only=False).close()
+        except RuntimeError as exc:
+            raise StoreError(f"the embedded graph store at {self.path} needs recovery after an interrupted write "
+                             f"and another process holds it ({str(exc).splitlines()[0]}); try again when it "
+                             "finishes, or run `graphstore sync`") from exc
+
+    def rebuild(self, write: Callable[["LadybugStore"], None]) -> None:
+        """Build a fresh database with ``write`` beside this one and put it in this one's place by a
+        rename: a failure, a crash or a kill at any moment leaves the old store or the new one,
+        never a mix, and every property gets the type the catalog gives it."""
+        if self.read_only:
+            raise StoreError(f"{self.describe()} was opened read-only")
+        for left in self.path.parent.glob(f".{self.path.name}.rebuild-*"):      # of a rebuild that was killed
+            left.unlink(missing_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.rebuild-{uuid.uuid4().hex[:8]}")
+        fresh = LadybugStore(tmp)
+        try:
+            write(fresh)
+            fresh._execute("CHECKPOINT")
+        except BaseException:
+            fresh.close()
+            for f in (tmp, Path(f"{tmp}.wal")):
+                f.unlink(missing_ok=True)
+            raise
+        fresh.close()
+        self.close()
+        Path(f"{self.path}.wal").unlink(missing_ok=True)       # the old store's log, checkpointed on close
+        os.replace(tmp, self.path)
+        if Path(f"{tmp}.wal").exists():
+            os.replace(f"{tmp}.wal", f"{self.path}.wal")
+        self._model_props, self._schema_ready = {}, False
+        self._open()
 
     def describe(self) -> str:
         return f"ladybug:{self.path}"
@@ -67,10 +119,34 @@ class LadybugStore(MetadataStore):
         self._model_props = {row[1]: row[2] for row in info if row[1] != "model_id"}
 
     def _ensure_model_properties(self, props: dict[str, str]) -> None:
+        """Add the properties the store lacks. A property of another type (a default such as
+        ``label DOUBLE``, or a type a column once had) takes the catalog's type when no model holds
+        a value of it; otherwise, or inside a transaction (Ladybug cannot change a column's type
+        there), the write is refused and `graphstore sync`, which rebuilds the store from the
+        catalog into a fresh database (``rebuild``), is the way out."""
         for name, typ in props.items():
-            if name not in self._model_props:
-                self._execute(f"ALTER TABLE Model ADD `{check_property(name)}` {typ}")
-                self._model_props[name] = typ
+            have = self._model_props.get(name)
+            if have == typ or (have == "DOUBLE" and typ == "INT64"):       # an int is written as a double
+                continue
+            prop = check_property(name)
+            if have is not None:
+                held = self._execute(f"MATCH (m:Model) WHERE m.`{prop}` IS NOT NULL RETURN count(*)").get_all()[0][0]
+                if held or self._in_transaction:
+                    raise StoreError(f"the graph store's Model.{prop} is {have} and the catalog's column is {typ}: "
+                                     "run `graphstore sync` to rebuild the graph from the catalog")
+                self._execute(f"ALTER TABLE Model DROP `{prop}`")
+            self._execute(f"ALTER TABLE Model ADD `{prop}` {typ}")
+            self._model_props[name] = typ
+            if have is not None:            # statements prepared for the old type crash the database
+                self._execute("CHECKPOINT")
+                self._forget_prepared()
+
+    def _forget_prepared(self) -> None:
+        """The connection caches prepared statements by their text; after a rollback or a property's
+        change of type, one may name a column that no longer is what it was."""
+        cache = getattr(self._conn, "_pybind_implicit_prepared_cache", None)
+        if cache is not None:
+            cache.clear()
 
     def _write(self, query: str, rows: list[dict]) -> None:
         self._execute(query, {"rows": rows})
@@ -104,20 +180,19 @@ class LadybugStore(MetadataStore):
 
     def _begin(self) -> None:
         self._execute("BEGIN TRANSACTION")
+        self._in_transaction = True
 
     def _commit(self) -> None:
         self._execute("COMMIT")
+        self._in_transaction = False
 
     def _rollback(self) -> None:
+        self._in_transaction = False
         try:
             self._execute("ROLLBACK")
         except StoreError:          # the database may have rolled back already after a failed statement
             pass
-        # the connection caches prepared statements by their text; ones prepared inside the
-        # transaction may name columns that the rollback removed
-        cache = getattr(self._conn, "_pybind_implicit_prepared_cache", None)
-        if cache is not None:
-            cache.clear()
+        self._forget_prepared()
 
     def close(self) -> None:
         conn, db = getattr(self, "_conn", None), getattr(self, "_db", None)

@@ -238,7 +238,7 @@ def test_artifacts_are_committed_at_once_and_a_crash_leaves_none(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     assert not (cat.artifacts_dir / "run-crash").exists()
     assert cat.read_artifact("run-crash", "metanet-0.pt") is None
-    with pytest.raises(JobError, match="no trained metanetwork"):
+    with pytest.raises(JobError, match="no run 'run-crash' in the catalog"):
         load_metanetwork(cat, "run-crash")
     assert len(list(cat.artifacts_dir.glob("_tmp-run-crash"))) == 1
     assert cat.clean_incomplete() == 1 and not list(cat.artifacts_dir.iterdir())
