@@ -75,6 +75,7 @@ def cypher(query, named, params, fmt, write, catalog, neo4j_uri, neo4j_user, neo
     with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password, read_only=not write,
                                  must_exist=True) as store:
         store.query_timeout = timeout or None
+        store.isolated = True           # the embedded store: a crash or a long expression stays in a child
         result = store.run(query, parse_params(params))
     for notice in result.notices:
         echo_err(f"notice: {notice}")

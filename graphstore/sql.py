@@ -10,18 +10,14 @@ Three locks, each enough alone for what it guards:
    and every other setting are locked (``readonly_connection``).
 3. **The process.** The query runs in a child process (``graphstore.sql_worker``) that sees the
    catalog through a read-only mount of its own (a private mount namespace, where the machine
-   allows one: ``sandbox_kind``), holds an address-space limit of its memory limit, and is killed
+   allows one: ``graphstore.isolation.read_only_mount``), holds an address-space limit of its memory limit, and is killed
    at the time limit, on Ctrl-C, or when this process dies. A query that crashes DuckDB crashes
    only that child; the caller gets one line.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -30,7 +26,8 @@ import pyarrow as pa
 
 from graphstore import duck
 from graphstore.catalog import Catalog
-from zoocore.errors import CatalogError, QueryRefused, QueryTimeout
+from graphstore.isolation import WorkerFailed, run_worker
+from zoocore.errors import CatalogError, QueryRefused
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MEMORY_SHARE = 0.25          # of physical memory, when no --memory-limit is given
@@ -41,7 +38,6 @@ _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 _LEADING = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.S)
 _WORD = re.compile(r"[A-Za-z_]+")
 READS = {duckdb.StatementType.SELECT}
-REFUSED_EXIT = 3          # the worker's exit code for a query DuckDB refused or failed (message on stderr)
 
 
 def _statements(query: str) -> list:
@@ -142,61 +138,28 @@ def readonly_connection(catalog: Catalog | str | Path, memory_limit: str | None 
     return con
 
 
-def _worker_env() -> dict:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)          # the project, importable in the child
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    try:
-        proc.communicate(timeout=10)
-    except (subprocess.TimeoutExpired, ValueError, OSError):
-        pass
-
-
 def run_readonly(catalog: Catalog | str | Path, query: str, params: Sequence | None = None,
                  timeout: float | None = DEFAULT_TIMEOUT, memory_limit: str | None = None) -> pa.Table:
-    """Run a read-only query in the sandboxed worker process, stopped after ``timeout`` seconds
-    (None or 0: no limit), within ``memory_limit`` for the whole worker; DuckDB's own message on a
-    bad query, one line for everything else. Ctrl-C stops the worker and re-raises."""
+    """Run a read-only query in the sandboxed worker process (``graphstore.sql_worker``), stopped
+    after ``timeout`` seconds (None or 0: no limit), within ``memory_limit`` for the whole worker;
+    DuckDB's own message on a bad query, one line for everything else. Ctrl-C stops the worker and
+    re-raises KeyboardInterrupt."""
     check_readonly(query)
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     catalog.require()
     setting = memory_limit_setting(memory_limit)
-    request = json.dumps({"catalog": str(catalog.root), "query": query, "params": list(params) if params else None,
-                          "memory_limit": setting}, default=str).encode()
-    proc = subprocess.Popen([sys.executable, "-m", "graphstore.sql_worker"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_worker_env())
+    request = {"catalog": str(catalog.root), "query": query, "params": list(params) if params else None,
+               "memory_limit": setting}
     try:
-        out, err = proc.communicate(request, timeout=timeout or None)
-    except subprocess.TimeoutExpired:
-        _stop(proc)
-        raise QueryTimeout(f"query stopped after {timeout:g} s (the time limit; raise it with --timeout SECONDS, "
-                           "0 for none)") from None
-    except BaseException:               # Ctrl-C, or anything else: the worker never outlives the call
-        _stop(proc)
-        raise
-    if proc.returncode == 0:
-        try:
-            return pa.ipc.open_stream(out).read_all()
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise CatalogError(f"the query worker returned a malformed result: {exc}") from exc
-    message = err.decode("utf-8", "replace").strip().splitlines()
-    if proc.returncode == REFUSED_EXIT and message:
-        kind, _, text = message[-1].partition(":")
-        error = {"refused": QueryRefused, "memory": CatalogError}.get(kind, CatalogError)
-        if kind == "memory":
-            text = f"the query needs more memory than its limit of {setting} (--memory-limit): {text}"
-        raise error(text)
-    if proc.returncode < 0:
-        name = signal.Signals(-proc.returncode).name
-        raise CatalogError(f"the query stopped its worker process with {name}"
-                           + (" (most likely its memory limit, --memory-limit)" if name in ("SIGSEGV", "SIGABRT",
-                                                                                          "SIGKILL") else "")
-                           + "; nothing was changed")
-    last = message[-1][:300] if message else "no message"
-    raise CatalogError(f"the query worker failed (exit {proc.returncode}): {last}")
+        out = run_worker("graphstore.sql_worker", request, timeout)
+    except WorkerFailed as exc:
+        if exc.kind == "refused":
+            raise QueryRefused(exc.message) from None
+        if exc.kind == "memory" or exc.signal_name in ("SIGSEGV", "SIGABRT", "SIGKILL", "SIGBUS"):
+            raise CatalogError(f"the query needs more memory than its limit of {setting} (--memory-limit): "
+                               f"{exc.message}") from None
+        raise CatalogError(exc.message) from None
+    try:
+        return pa.ipc.open_stream(out).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CatalogError(f"the query worker returned a malformed result: {exc}") from exc

@@ -16,6 +16,7 @@ from graphstore.catalog import Catalog
 from graphstore.schema import SIMILAR
 from jobs.data import hash_split
 from zoocore.errors import JobError
+from zoocore.names import check_name
 
 RUN_EMBEDDINGS = (
     "SELECT model_id, arg_max(vector, run_id) AS vector FROM embeddings "
@@ -30,6 +31,7 @@ def _catalog(catalog) -> Catalog:
 
 
 def load_embeddings(con, run_id: str) -> tuple[list[str], np.ndarray]:
+    check_name(run_id, "run id")
     rows = con.execute(RUN_EMBEDDINGS, [run_id, run_id]).fetchall()
     if not rows:
         raise JobError(f"run {run_id!r} has no embeddings in the catalog")

@@ -169,9 +169,12 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold,
 @translate_errors
 def predict(catalog, run_id, where, device, neo4j_uri, neo4j_user, neo4j_password):
     """Apply a trained metanetwork to (newly ingested) models and write their predictions."""
+    from graphstore.catalog import Catalog
+    from jobs.run_weights import require_run
     from jobs.train import predict as run_predict
 
     root = existing_catalog(catalog)
+    require_run(Catalog(root), run_id)              # a name the catalog lists, before anything is opened
     with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) as store:
         click.echo(run_predict(root, run_id, where, device, store).summary())
 

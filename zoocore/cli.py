@@ -28,12 +28,27 @@ def translate_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except ZooGraphError as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise click.ClickException(short_message(str(exc))) from exc
+        except OSError as exc:           # a path that is a file, a full disk, a permission: one line
+            where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+            raise click.ClickException(f"{exc.strerror or exc}{where}") from exc
+        except RecursionError as exc:
+            raise click.ClickException("the input is nested too deeply to process") from exc
+        except MemoryError as exc:
+            raise click.ClickException("out of memory") from exc
         except KeyboardInterrupt:
             click.echo("\nInterrupted (Ctrl-C); nothing half-written is left visible in the catalog.", err=True)
             raise click.exceptions.Exit(INTERRUPTED_EXIT)
 
     return wrapper
+
+
+MAX_MESSAGE = 2000
+
+
+def short_message(text: str, limit: int = MAX_MESSAGE) -> str:
+    """An error message cut to ``limit`` characters (a hostile input can make one of megabytes)."""
+    return text if len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more characters)"
 
 
 def timeout_option(fn: Callable) -> Callable:

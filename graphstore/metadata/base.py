@@ -194,7 +194,12 @@ class MetadataStore(ABC):
             from graphstore.metadata.read_only import check_read_only
 
             check_read_only(query)
+            self._check_plan(query, params or {})
         return self._run(query, params or {})
+
+    def _check_plan(self, query: str, params: dict[str, Any]) -> None:
+        """A backend whose server can tell a query's kind without running it refuses here what is
+        not read-only (Neo4j: EXPLAIN's query type)."""
 
     def ensure_schema(self) -> None:
         if self.read_only:

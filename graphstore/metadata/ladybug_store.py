@@ -1,6 +1,7 @@
 """The embedded default: Ladybug (a maintained Kuzu fork), an on-disk Cypher database."""
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -37,6 +38,7 @@ def _plain(value: Any) -> Any:
 class LadybugStore(MetadataStore):
     backend = "ladybug"
     _in_transaction = False
+    isolated = False            # read-only user queries run in a child process (graphstore cypher)
 
     def __init__(self, path: str | Path, read_only: bool = False):
         super().__init__(read_only)
@@ -152,6 +154,24 @@ class LadybugStore(MetadataStore):
         self._execute(query, {"rows": rows})
 
     def _run(self, query: str, params: dict[str, Any]) -> QueryResult:
+        if self.read_only and self.isolated:
+            return self._run_in_worker(query, params)
+        return self._run_here(query, params)
+
+    def _run_in_worker(self, query: str, params: dict[str, Any]) -> QueryResult:
+        """The query in a child process (graphstore.metadata.cypher_worker): killed at the time
+        limit even inside one long expression, and a crash of the engine is one line here."""
+        from graphstore.isolation import WorkerFailed, run_worker
+
+        request = {"path": str(self.path.resolve()), "query": query, "params": params}
+        try:
+            out = run_worker("graphstore.metadata.cypher_worker", request, self.query_timeout)
+        except WorkerFailed as exc:
+            raise StoreError(exc.message) from None
+        answer = json.loads(out)
+        return QueryResult(answer["columns"], answer["rows"])
+
+    def _run_here(self, query: str, params: dict[str, Any]) -> QueryResult:
         timeout = self.query_timeout
         if timeout:
             self._conn.set_query_timeout(max(1, round(timeout * 1000)))

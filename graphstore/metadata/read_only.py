@@ -13,6 +13,7 @@ when, outside string literals, comments and back-quoted names, it:
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from zoocore.errors import StoreError
 
@@ -35,43 +36,79 @@ class CypherRefused(StoreError):
     """A statement that the read-only Cypher surface does not run."""
 
 
-_LEXEME = re.compile(r"""
-    (?P<comment>//[^\n]*|/\*.*?(?:\*/|\Z))
+_TOKEN = re.compile(r"""
+    (?P<space>\s+)
+  | (?P<comment>//[^\n]*|/\*.*?(?:\*/|\Z))
   | (?P<string>'(?:[^'\\]|\\.|'')*(?:'|\Z)|"(?:[^"\\]|\\.|"")*(?:"|\Z))
-  | (?P<name>`(?:[^`]|``)*(?:`|\Z))
+  | (?P<quoted>`(?:[^`]|``)*(?:`|\Z))
+  | (?P<word>[^\W\d]\w*)
+  | (?P<number>\d[\w.]*)
+  | (?P<punct>.)
 """, re.S | re.X)
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_CALL = re.compile(r"\bCALL\s+([A-Za-z_][A-Za-z0-9_.]*)\s*(=)?", re.I)
+
+
+def tokens(query: str) -> list[tuple[str, str]]:
+    """``query`` as (kind, text) tokens: word, quoted (a back-quoted name, unquoted), string,
+    number, punct; spaces and comments dropped. Unicode letters make words, as in Cypher."""
+    out = []
+    for m in _TOKEN.finditer(query):
+        kind = m.lastgroup
+        if kind in ("space", "comment"):
+            continue
+        text = m.group()
+        if kind == "quoted":
+            text = text[1:-1].replace("``", "`") if text.endswith("`") and len(text) > 1 else text[1:]
+        out.append((kind, text))
+    return out
 
 
 def code_only(query: str) -> str:
     """``query`` with comments removed and string literals and back-quoted names blanked."""
-    def blank(m: re.Match) -> str:
-        if m.group("comment"):
-            return " "
-        return "''" if m.group("string") else "`x`"
-    return _LEXEME.sub(blank, query)
+    return " ".join("''" if k == "string" else "`x`" if k == "quoted" else t for k, t in tokens(query))
+
+
+def _procedure(toks: list[tuple[str, str]], i: int) -> tuple[str | None, int]:
+    """The dotted procedure name starting at token ``i`` (back-quoted parts unquoted), and the
+    index after it; None when no name starts there."""
+    parts = []
+    while i < len(toks) and toks[i][0] in ("word", "quoted"):
+        parts.append(toks[i][1])
+        i += 1
+        if i < len(toks) and toks[i] == ("punct", "."):
+            i += 1
+            continue
+        break
+    return (".".join(parts) if parts else None), i
 
 
 def check_read_only(query: str) -> None:
     """Raise CypherRefused when ``query`` is not a single read-only statement (see the module)."""
-    code = code_only(query)
     hint = " (graphstore cypher is read-only; an administrator can add --write)"
-    if ";" in code.rstrip().rstrip(";"):
+    toks = tokens(query)
+    while toks and toks[-1] == ("punct", ";"):
+        toks.pop()
+    if ("punct", ";") in toks:
         raise CypherRefused("one statement at a time: the query holds several (separated by ;)" + hint)
-    for m in _WORD.finditer(code):
-        word = m.group().upper()
-        if word not in REFUSED_CLAUSES:
+    if not toks:
+        raise CypherRefused("empty query" + hint)
+    for i, (kind, text) in enumerate(toks):
+        if kind != "word":
             continue
-        before = code[:m.start()].rstrip()[-1:]
-        after = code[m.end():].lstrip()[:1]
-        if before in (".", ":", "$") or after == ":":      # a property, label, parameter or map key
-            continue
-        raise CypherRefused(f"{word} is not allowed: it writes, or reads or writes files or server state" + hint)
-    for m in _CALL.finditer(code):
-        name = m.group(1).lower()
-        if m.group(2):
-            raise CypherRefused(f"CALL {m.group(1)} = ... changes a setting" + hint)
-        if name not in READ_PROCEDURES:
-            raise CypherRefused(f"CALL {m.group(1)} is not allowed; the schema procedures are "
-                                f"{', '.join(sorted(READ_PROCEDURES))}" + hint)
+        word = unicodedata.normalize("NFKC", text).upper()
+        before = toks[i - 1][1] if i else ""
+        after = toks[i + 1][1] if i + 1 < len(toks) else ""
+        if word in REFUSED_CLAUSES:
+            if before in (".", ":", "$") or after == ":":      # a property, label, parameter or map key
+                continue
+            raise CypherRefused(f"{word} is not allowed: it writes, or reads or writes files or server state" + hint)
+        if word == "CALL" and before not in (".", ":", "$") and after != ":":
+            if after == "{":                                   # a subquery: its clauses are checked as words
+                continue
+            name, j = _procedure(toks, i + 1)
+            if name is None:
+                raise CypherRefused(f"CALL {after} is not allowed: CALL takes a procedure name or a subquery" + hint)
+            if j < len(toks) and toks[j] == ("punct", "="):
+                raise CypherRefused(f"CALL {name} = ... changes a setting" + hint)
+            if name.lower() not in READ_PROCEDURES:
+                raise CypherRefused(f"CALL {name} is not allowed; the schema procedures are "
+                                    f"{', '.join(sorted(READ_PROCEDURES))}" + hint)
