@@ -11,6 +11,12 @@ Then it counts, against the zoo itself:
 
     .venv/bin/python benchmarks/bench_faults.py            # quick: about 3-5 minutes
     .venv/bin/python benchmarks/bench_faults.py --trials 10
+    .venv/bin/python benchmarks/bench_faults.py --hostile-only   # the hostile-input table alone
+
+The hostile-input table (issue #29) runs every command over the hostile corpus of
+tests/hostile (TorchScript and pickle payloads, archive bombs, hostile .pt2 graphs, SQL and
+Cypher that try to write, run ids that are paths) and counts files written by payloads, catalog
+bytes changed by queries, crashes (exit >= 128) and tracebacks, with the number of attacks tried.
 """
 from __future__ import annotations
 
@@ -281,12 +287,33 @@ def bad_inputs(zoo, work, table):
                   + ("; Traceback" if "Traceback" in first.stderr else ""))
 
 
+def hostile_inputs(work: Path) -> None:
+    """Every command over the hostile corpus (tests.hostile.attacks), as real processes: what the
+    payloads wrote, what queries changed in the catalog, crashes and tracebacks, by attack."""
+    from tests.hostile.attacks import run_attacks, summary
+
+    outcomes = run_attacks(work / "hostile")
+    bad = [o for o in outcomes if not o.clean]
+    print("\nhostile inputs (every command, real processes):")
+    counts = summary(outcomes)
+    width = max(len(k) for k in counts)
+    for key, value in counts.items():
+        print(f"  {key:<{width}}  {value}")
+    for o in bad:
+        print(f"  NOT CLEAN {o.name}: exit {o.exit_code}, canaries {o.canaries}, changed {o.catalog_changed}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=4, help="trials per kill / concurrency scenario (quick: 4)")
     ap.add_argument("--models", type=int, default=24, help="models in the MLP zoo")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hostile-only", action="store_true", help="only the hostile-input table (about a minute)")
     args = ap.parse_args()
+    if args.hostile_only:
+        with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:
+            hostile_inputs(Path(tmp))
+        return
     rng = random.Random(args.seed)
     started = time.perf_counter()
     zoo = base_zoo("mlp", args.models, 0)
@@ -301,7 +328,8 @@ def main():
         concurrent_writers(zoo, work, max(2, args.trials // 2), table)
         paused_writer_and_cleaner(zoo, other, work, max(1, args.trials // 4), table)
         bad_inputs(zoo, work, table)
-    table.show()
+        table.show()
+        hostile_inputs(work)
     print(f"\n{args.models}-model MLP zoo, {args.trials} trials, {time.perf_counter() - started:.0f}s")
 
 
