@@ -220,6 +220,14 @@ def run_attacks(work: Path, progress=None) -> list[Outcome]:
         else:
             args = [*command, "--run", traversal, "--catalog", str(cat)]
         attempt(f"{command[1]}:run_id_traversal", args)
+    listed = _cli(["pipeline", "sql", "--catalog", str(cat), "--format", "json", "SELECT model_id FROM models WHERE "
+                   "architecture_id = (SELECT architecture_id FROM models GROUP BY 1 ORDER BY count(*) DESC LIMIT 1) "
+                   "ORDER BY model_id LIMIT 2"])
+    ids = [r["model_id"] for r in json.loads(listed[1])]
+    attempt("merge:run_id_traversal", ["jobs", "merge", *ids, "--run", traversal, "--catalog", str(cat)])
+    injection = f"1=1); COPY (SELECT 1) TO '{cat}/parts/{part}/models.parquet' (FORMAT csv); SELECT (1"
+    for command in (["layer-equivariance", "--transform", "perm-input"], ["train-editor"]):
+        attempt(f"where:{command[0]}", ["jobs", *command, "--catalog", str(cat), "--where", injection])
     hostile_run = _hostile_run(cat, env["run_id"], artifact.path)
     digest = tree_digest(cat)
     attempt("predict:torchscript_run_weights", ["jobs", "predict", "--run", hostile_run, "--catalog", str(cat)])
