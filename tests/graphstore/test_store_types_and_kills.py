@@ -89,6 +89,7 @@ def test_a_store_whose_types_differ_from_the_catalog_is_rebuilt_by_sync(tmp_path
     assert len(_cypher(cat, "MATCH (m:Model) RETURN m.model_id AS id")) == 4
 
 
+@pytest.mark.slow
 def test_sync_killed_at_any_moment_leaves_a_readable_store(tmp_path):
     from pipeline.zoo.make import make_zoo
 
