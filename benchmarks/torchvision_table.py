@@ -1,4 +1,5 @@
-"""Print the README's torchvision coverage table: every classification builder, converted or not.
+"""Print the torchvision coverage table of docs/torchvision-coverage.md: every classification
+builder, converted or not.
 
     .venv/bin/python benchmarks/torchvision_table.py > /tmp/table.md
     .venv/bin/python benchmarks/torchvision_table.py vit_l_32 wide_resnet50_2   # only these rows

@@ -10,7 +10,8 @@ Three locks, each enough alone for what it guards:
    and every other setting are locked (``readonly_connection``).
 3. **The process.** The query runs in a child process (``graphstore.sql_worker``) that sees the
    catalog through a read-only mount of its own (a private mount namespace, where the machine
-   allows one: ``graphstore.isolation.read_only_mount``), holds an address-space limit of its memory limit, and is killed
+   allows one: ``graphstore.isolation.read_only_mount``), holds an address-space limit of its
+   memory limit, and is killed
    at the time limit, on Ctrl-C, or when this process dies. A query that crashes DuckDB crashes
    only that child; the caller gets one line.
 """

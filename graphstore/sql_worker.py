@@ -38,7 +38,8 @@ def main() -> None:
         try:
             con = readonly_connection(catalog, request["memory_limit"], temp_dir=tmp)
             limit_memory(memory_limit_bytes(request["memory_limit"]))
-            rel = con.sql(request["query"], params=request["params"]) if request["params"] else con.sql(request["query"])
+            query, params = request["query"], request["params"]
+            rel = con.sql(query, params=params) if params else con.sql(query)
             table = pa.table({}) if rel is None else rel.arrow().read_all()
         except duckdb.PermissionException as exc:
             fail("refused", f"refused: {exc}")

@@ -145,7 +145,8 @@ def read_metrics_csv(zoo_dir: Path, warnings: list[str]) -> dict[str, Row]:
             out[name] = Row(values, origin)
     except csv.Error as exc:
         hint = " (a quote left open?)" if "end of data" in str(exc) else ""
-        raise ZooGraphError(f"{path} line {reader.line_num}: not valid CSV: {exc}{hint} (nothing was written)") from None
+        raise ZooGraphError(f"{path} line {reader.line_num}: not valid CSV: {exc}{hint} "
+                            "(nothing was written)") from None
     return out
 
 

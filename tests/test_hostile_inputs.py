@@ -71,7 +71,8 @@ def test_the_readers_refuse_every_hostile_checkpoint_by_name(corpus):
 def test_the_restricted_reader_reads_what_torch_save_writes(tmp_path):
     """Parameters, buffers, views of one storage, every common dtype, wrapped state dicts."""
     base = torch.arange(12.0).reshape(3, 4)
-    state = {"w": torch.nn.Parameter(torch.randn(4, 3)), "t": base.t(), "row": base[1], "b": torch.tensor([True, False]),
+    state = {"w": torch.nn.Parameter(torch.randn(4, 3)), "t": base.t(), "row": base[1],
+             "b": torch.tensor([True, False]),
              "h": torch.randn(3).half(), "bf": torch.randn(3).bfloat16(), "i": torch.arange(5),
              "scalar": torch.tensor(7), "empty": torch.zeros(0, 3)}
     buf = io.BytesIO()
@@ -230,7 +231,8 @@ def test_sql_statements_are_decided_by_duckdbs_parser(tmp_path):
               "SELECT 1; SELECT 2", "INSTALL httpfs"):
         with pytest.raises(QueryRefused):
             check_readonly(q)
-    for q in ("EXPLAIN SELECT 1", "SELECT 1;", "DESCRIBE SELECT 1", "FROM range(3)", "WITH t AS (SELECT 1) SELECT * FROM t"):
+    for q in ("EXPLAIN SELECT 1", "SELECT 1;", "DESCRIBE SELECT 1", "FROM range(3)",
+              "WITH t AS (SELECT 1) SELECT * FROM t"):
         check_readonly(q)
     with pytest.raises(QueryRefused, match="INSTALL statements"):
         check_readonly("INSTALL httpfs")

@@ -208,7 +208,8 @@ class MetadataStore(ABC):
             self._ensure_schema()
             self._schema_ready = True
             # defaults only where the store has no such property: a type the catalog gave wins
-            self._ensure_model_properties({k: t for k, t in BASE_MODEL_PROPERTIES.items() if k not in self._model_props})
+            missing = {k: t for k, t in BASE_MODEL_PROPERTIES.items() if k not in self._model_props}
+            self._ensure_model_properties(missing)
 
     def clear(self) -> None:
         """Delete every node and relationship (schema kept)."""

@@ -3,12 +3,13 @@
 ``run_attacks(work)`` builds a small real zoo and catalog (with a trained run and a synced graph
 store), the hostile corpus of ``tests.hostile.corpus``, and runs each attack as a user would: a
 ``pipeline``, ``graphstore`` or ``jobs`` command in its own process. For each it records the exit
-code, whether a payload wrote its canary, whether the catalog's bytes changed, whether the
-process crashed (killed by a signal: exit >= 128 or negative) and whether a traceback was
-printed. A query (``pipeline sql``, ``graphstore cypher``) may change no byte of the catalog; a
-job may change no byte but the embedded graph store's (jobs open it to write predictions back,
-and Ladybug rewrites its header when a read-write connection closes). ``tests/test_hostile_inputs.py`` asserts every outcome is clean; ``benchmarks/
-bench_faults.py`` prints the counts as its hostile-input table.
+code, whether a payload wrote its canary, which files of the catalog changed, whether the process
+crashed (killed by a signal: exit >= 128 or negative) and whether a traceback was printed. A
+query (``pipeline sql``, ``graphstore cypher``) may change no byte of the catalog; a job may change
+no byte but the embedded graph store's (jobs open it to write predictions back, and Ladybug
+rewrites its header when a read-write connection closes). ``tests/test_hostile_inputs.py``
+asserts every outcome is clean; ``benchmarks/bench_faults.py`` prints the counts as its
+hostile-input table.
 """
 from __future__ import annotations
 
