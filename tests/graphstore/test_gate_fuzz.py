@@ -38,10 +38,13 @@ def catalog(tmp_path_factory):
     return base / "cat"
 
 
-def _statement(parts: list[str], seps: list[str]) -> str:
-    out = parts[0]
-    for p, s in zip(parts[1:], seps):
-        out += s + p
+def _draw_statement(data, parts: list[str]) -> str:
+    """1 to 9 of ``parts`` joined by spaces, newlines, comments or tabs."""
+    picked = data.draw(st.lists(st.sampled_from(parts), min_size=1, max_size=9))
+    seps = data.draw(st.lists(st.sampled_from(SEPARATORS), min_size=len(picked), max_size=len(picked)))
+    out = picked[0]
+    for part, sep in zip(picked[1:], seps):
+        out += sep + part
     return out
 
 
@@ -76,10 +79,7 @@ def cypher_parts(cat) -> list[str]:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_sql_never_writes_and_never_crashes(catalog, data):
-    parts = sql_parts(catalog)
-    picked = data.draw(st.lists(st.sampled_from(parts), min_size=1, max_size=9))
-    seps = data.draw(st.lists(st.sampled_from(SEPARATORS), min_size=len(picked), max_size=len(picked)))
-    query = _statement(picked, seps)
+    query = _draw_statement(data, sql_parts(catalog))
     before = _digest(catalog)
     try:
         run_readonly(catalog, query, timeout=20, memory_limit="512MB")
@@ -91,10 +91,7 @@ def test_sql_never_writes_and_never_crashes(catalog, data):
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_cypher_never_writes_and_never_crashes(catalog, data):
-    parts = cypher_parts(catalog)
-    picked = data.draw(st.lists(st.sampled_from(parts), min_size=1, max_size=9))
-    seps = data.draw(st.lists(st.sampled_from(SEPARATORS), min_size=len(picked), max_size=len(picked)))
-    query = _statement(picked, seps)
+    query = _draw_statement(data, cypher_parts(catalog))
     before = _digest(catalog)
     store = LadybugStore(catalog / "graph.lbug", read_only=True)
     store.isolated, store.query_timeout = True, 20
