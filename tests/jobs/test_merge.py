@@ -119,5 +119,5 @@ def test_a_baseline_that_cannot_run_is_noted_and_the_chosen_method_fails_clearly
     report = merge_models(pairs["catalog"], a, b, MergeConfig(method="weights", run_id="no-such-run"))
     assert any("embeddings matching skipped" in n and "no-such-run" in n for n in report.notes)
     assert {r.name for r in report.rows} >= {"aligned (weights)", "aligned (activations)"}
-    with pytest.raises(JobError, match="no trained metanetwork for run 'no-such-run'"):
+    with pytest.raises(JobError, match="no run 'no-such-run' in the catalog"):
         merge_models(pairs["catalog"], a, b, MergeConfig(method="embeddings", run_id="no-such-run"))
