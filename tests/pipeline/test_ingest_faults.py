@@ -174,20 +174,26 @@ def test_a_failed_sync_leaves_the_previous_graph(tmp_path, mlp_zoo, store_factor
     assert sync_store(cat, store).models == N
     count = "MATCH (:Zoo)-[:CONTAINS]->(m:Model)-[:HAS_ARCHITECTURE]->(:Architecture) RETURN count(m)"
 
-    # 1. the store fails half-way through the rebuild (after the old graph was deleted in the transaction)
-    real_write, calls = store._write, []
+    # 1. the store fails half-way through the rebuild (Neo4j: after the old graph was deleted in the
+    # transaction; Ladybug: while the fresh database is written beside the old one). The failure is
+    # injected into the backend class, so it reaches the store the rebuild writes to.
+    backend, calls = type(store), []
+    real_write = backend._write
 
-    def failing_write(query, rows):
+    def failing_write(self, query, rows):
         calls.append(query)
         if len(calls) == 6:
             raise StoreError("disk full (injected)")
-        return real_write(query, rows)
+        return real_write(self, query, rows)
 
-    store._write = failing_write
-    with pytest.raises(StoreError, match=r"disk full \(injected\) \(the graph store was left as it was\)"):
-        sync_store(cat, store)
-    store._write = real_write
+    backend._write = failing_write
+    try:
+        with pytest.raises(StoreError, match=r"disk full \(injected\) \(the graph store was left as it was\)"):
+            sync_store(cat, store)
+    finally:
+        backend._write = real_write
     assert len(calls) == 6
+    assert not list(cat.glob(".graph.lbug.rebuild-*"))          # a failed rebuild leaves nothing beside the store
     assert store.run(count).rows == [[N]]
     assert sync_store(cat, store).models == N                    # the same store syncs fine afterwards
     assert store.run("MATCH (m:Model) WHERE m.test_accuracy >= 0 AND m.lr > 0 RETURN count(m)").rows == [[N]]
