@@ -29,6 +29,7 @@ import importlib
 import math
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -437,7 +438,7 @@ def _fmt(v) -> str:
 
 def write_metrics(out: Path, rows: dict[int, dict], columns: Sequence[str]) -> None:
     """Atomically (re)write ``metrics.csv`` with ``rows`` sorted by index."""
-    header = ["file", "test_accuracy", "train_accuracy", *columns, "fold"]
+    header = metrics_header(columns)
     tmp = out / f"{TMP_PREFIX}{METRICS}"
     with open(tmp, "w", newline="") as f:
         w = csv.writer(f)
@@ -447,25 +448,37 @@ def write_metrics(out: Path, rows: dict[int, dict], columns: Sequence[str]) -> N
     os.replace(tmp, out / METRICS)
 
 
-def read_metrics(out: Path) -> dict[str, dict[str, str]]:
-    """Rows of an existing ``metrics.csv`` keyed by file name (strings only)."""
+def metrics_header(columns: Sequence[str]) -> list[str]:
+    """Full ``metrics.csv`` header for a generator with hyperparameter ``columns``."""
+    return ["file", "test_accuracy", "train_accuracy", *columns, "fold"]
+
+
+def read_metrics(out: Path, columns: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Rows of an existing ``metrics.csv`` keyed by file name (values as text).
+
+    Raises ``ValueError`` when the file was written by another generator
+    (different header), so zoos are never silently mixed.
+    """
     path = out / METRICS
     if not path.exists():
         return {}
     with open(path, newline="") as f:
-        return {r["file"]: r for r in csv.DictReader(f)}
+        reader = csv.DictReader(f)
+        if reader.fieldnames != metrics_header(columns):
+            raise ValueError(f"{path} has other columns than this generator writes; "
+                             "use a fresh --out folder")
+        return {r["file"]: r for r in reader}
 
 
 def _init_worker() -> None:
+    """Pool initializer: one intra-op thread per worker process."""
     torch.set_num_threads(1)
 
 
-def _work(task: tuple[str, int, int, str]) -> tuple[int, dict, float]:
+def _work(task: tuple[str, int, int, str]) -> tuple[int, dict]:
+    """Build one model in the current process; ``task`` is (module, seed, index, out)."""
     module, seed, index, out = task
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    row = importlib.import_module(module).build_one(seed, index, Path(out))
-    return index, row, time.perf_counter() - t0
+    return index, importlib.import_module(module).build_one(seed, index, Path(out))
 
 
 def run_zoo(module: str, out: Path, n: int, seed: int, workers: int = 1, every: int = 10) -> Path:
@@ -474,7 +487,10 @@ def run_zoo(module: str, out: Path, n: int, seed: int, workers: int = 1, every: 
     ``module`` is the importable name of a generator module (see the module
     docstring). Models whose checkpoint exists *and* which have a row in
     ``metrics.csv`` are skipped; others are (re)built. ``metrics.csv`` is
-    rewritten atomically after each finished model. Returns ``out``.
+    rewritten atomically after each finished model. A resumed run must use
+    the same ``seed`` (it is not recorded). One run per folder at a time.
+    With ``workers > 1`` models are built in ``spawn``-ed processes; results
+    do not depend on ``workers``. Returns ``out``.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -484,7 +500,7 @@ def run_zoo(module: str, out: Path, n: int, seed: int, workers: int = 1, every: 
     columns = list(gen.COLUMNS)
     name = module.rsplit(".", 1)[-1]
 
-    old = read_metrics(out)
+    old = read_metrics(out, columns)
     rows: dict[int, dict] = {}
     todo: list[int] = []
     for i in range(n):
@@ -521,15 +537,16 @@ def run_zoo(module: str, out: Path, n: int, seed: int, workers: int = 1, every: 
         torch.set_num_threads(1)
         try:
             for task in tasks:
-                index, row, _ = _work(task)
-                record(index, row)
+                record(*_work(task))
         finally:
             torch.set_num_threads(prev)
     elif tasks:
         ctx = mp.get_context("spawn")
         with ctx.Pool(workers, initializer=_init_worker) as pool:
-            for index, row, _ in pool.imap_unordered(_work, tasks):
+            for index, row in pool.imap_unordered(_work, tasks):
                 record(index, row)
+            pool.close()  # let workers exit normally (no leaked-semaphore warnings)
+            pool.join()
     return out
 
 
@@ -543,4 +560,7 @@ def cli(module: str, doc: str, argv: Sequence[str] | None = None) -> Path:
     p.add_argument("--seed", type=int, default=0, help="zoo seed (default 0)")
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     a = p.parse_args(argv)
+    # Turn SIGTERM into a normal exit so the worker pool is shut down cleanly;
+    # finished models are on disk and in metrics.csv, a rerun resumes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     return run_zoo(module, a.out, a.n, a.seed, a.workers)

@@ -24,7 +24,7 @@ def test_weight_statistics_ignore_every_unit_edge():
     assert not np.allclose(np.nan_to_num(statnn_features_of_graphs([graph])), np.nan_to_num(before))
 
 
-def test_sql_and_in_memory_statistics_agree_and_statnn_stays_in_range(catalog_dir):
+def test_sql_and_in_memory_statistics_agree_and_statnn_stays_in_range(catalog_dir, cnn_zoo, mlp_zoo):
     """The statistics DuckDB computes from the catalog equal those of the same models' graphs
     (index slots, position slots, norm layers), and both StatNN learners predict inside the
     training targets' range (an unclipped MLP once scored R^2 -48 on a zoo it had not seen)."""
@@ -35,9 +35,10 @@ def test_sql_and_in_memory_statistics_agree_and_statnn_stays_in_range(catalog_di
 
     con = duck.connect(catalog_dir)
     try:
-        rows = con.execute("SELECT model_id, source_path FROM models ORDER BY model_id LIMIT 6").fetchall()
+        rows = con.execute("SELECT model_id, zoo, source_path FROM models ORDER BY model_id LIMIT 6").fetchall()
         sql = statnn_features(con, [r[0] for r in rows])
-        graphs = [convert_checkpoint(path).graph for _, path in rows]
+        zoos = {"cnn": cnn_zoo, "mlp": mlp_zoo}
+        graphs = [convert_checkpoint(zoos[zoo] / path).graph for _, zoo, path in rows]
         np.testing.assert_allclose(statnn_features_of_graphs(graphs), sql, rtol=1e-5, atol=1e-7)
         assert np.isfinite(sql).sum(1).min() > 2 * 3 * 7          # first, last and more are filled for every model
         sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
