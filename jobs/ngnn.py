@@ -335,6 +335,16 @@ class NGGNN(nn.Module):
                                   nn.Linear(H, cfg.out_dim))
         self.quasi = QuasiScaling(cfg.quasi_eps, max_layers=cfg.max_layers) if cfg.quasi else None
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # runs saved before an activation kind was added hold fewer rows: the new kinds (appended
+        # last, pipeline.neural_graph.vocabulary) read a zero embedding, as an unseen kind should
+        key = prefix + "act_emb.weight"
+        saved = state_dict.get(key)
+        if saved is not None and saved.shape[0] < self.act_emb.num_embeddings:
+            pad = saved.new_zeros(self.act_emb.num_embeddings - saved.shape[0], saved.shape[1])
+            state_dict[key] = torch.cat([saved, pad])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def parameter_overhead(self) -> tuple[int, float]:
         """Parameters of the quasi-equivariant scaling, and their share of the backbone's."""
         extra = sum(p.numel() for p in self.quasi.parameters()) if self.quasi is not None else 0

@@ -19,7 +19,7 @@ Layer types and their keys (defaults in brackets):
     conv1d / conv2d: out_channels, kernel_size, stride [1], padding [0], dilation [1], groups [1], bias [true]
     batchnorm: eps [1e-5], momentum [0.1]        (1d or 2d from the input rank)
     layernorm: eps [1e-5]                        (over the last dimension)
-    activation: fn in relu, gelu, silu, tanh, sigmoid, leaky_relu, relu6, hardswish, hardsigmoid, sin, identity
+    activation: fn in relu, gelu, silu, tanh, sigmoid, leaky_relu, relu6, hardswish, hardsigmoid, sin, elu, identity
     maxpool / avgpool: kernel_size, stride [kernel_size]
     adaptive_avgpool: output_size
     flatten; dropout: p [0.0]

@@ -358,6 +358,8 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
             name = _ACTIVATION_OPS[node.target]
             if name == "leaky_relu" and len(node.args) > 1 and float(node.args[1]) != 0.01:
                 raise _unsupported(node, "leaky_relu with a slope other than 0.01")
+            if name == "elu" and [float(a) for a in node.args[1:4]] not in ([], [1.0], [1.0, 1.0], [1.0, 1.0, 1.0]):
+                raise _unsupported(node, "elu with an alpha or scale other than 1")
             if name == "gelu" and node.kwargs.get("approximate", "none") == "tanh":
                 name = "gelu_tanh"
         self.apply_activation(node, x, name, node)

@@ -132,6 +132,8 @@ class _SpecPlanner(*SPEC_MIXINS):
         name = _ACTIVATION_NAMES[type(mod)]
         if name == "leaky_relu" and mod.negative_slope != 0.01:
             raise _NotCovered("leaky_relu slope")
+        if name == "elu" and mod.alpha != 1.0:
+            raise _NotCovered("elu alpha")
         if name == "gelu" and mod.approximate != "none":
             raise _NotCovered("tanh gelu")
         layer = self.layers[v.layer]

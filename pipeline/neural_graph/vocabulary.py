@@ -66,6 +66,8 @@ VOCABULARY: tuple[Activation, ...] = (
     Activation("sin", Sine, ("sin",), torch.sin, frozenset({SIGN})),
     Activation("hardsigmoid", nn.Hardsigmoid, ("hardsigmoid",), nn.functional.hardsigmoid),
     Activation("gelu_tanh", nn.GELU, (), _gelu_tanh, in_specs=False),  # traced as gelu(approximate="tanh")
+    # New kinds go last: a kind's position is its code in saved metanetworks' activation embeddings.
+    Activation("elu", nn.ELU, ("elu",), nn.functional.elu),              # alpha 1 only
 )
 ACTIVATIONS: tuple[str, ...] = tuple(a.name for a in VOCABULARY)
 BY_NAME: dict[str, Activation] = {a.name: a for a in VOCABULARY}

@@ -54,3 +54,18 @@ def test_the_cli_defaults_are_the_library_recipe():
 
     choice = next(p for p in train_heterognn_cmd.params if p.name == "calibration").type.choices
     assert tuple(choice) == CALIBRATIONS
+
+
+@pytest.mark.parametrize("kind", sorted(METANETWORKS))
+def test_a_run_saved_before_an_activation_kind_was_added_still_loads(kind):
+    """Activation kinds are appended to the vocabulary (elu was): a saved activation embedding with
+    fewer rows loads, the old rows unchanged and the new kinds at zero."""
+    import torch
+
+    cfg = NGGNNConfig(etypes=ETYPES, edge_in=1, out_dim=1, hidden=8, edge_hidden=4, kind=kind)
+    old = build_metanetwork(cfg).state_dict()
+    old["act_emb.weight"] = old["act_emb.weight"][:-1].clone()
+    fresh = build_metanetwork(cfg)
+    fresh.load_state_dict(old)
+    assert torch.equal(fresh.act_emb.weight[:-1], old["act_emb.weight"])
+    assert torch.count_nonzero(fresh.act_emb.weight[-1]) == 0
