@@ -58,3 +58,33 @@ def zoo_catalog(kind: str, n: int, seed: int = 0) -> Path:
     if not (cat / "parts").exists():
         ingest_zoo(zoo, cat, zoo_name=kind, workers=2, progress=False)
     return cat
+
+
+BLIND = ("wild_cnn", "tabular_mlp", "fixed_cnn")
+
+
+def blind_catalog(kind: str, n: int, seed: int = 0) -> Path:
+    """A catalog holding one blind zoo (benchmarks/blind: generators written without reading this
+    project's), made and ingested once, then reused. Checkpoints the converter refuses are left
+    out (they are listed in the catalog's ingest_errors)."""
+    import importlib
+    import sys
+
+    from pipeline.ingest import ingest_zoo
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    zoo = CACHE / f"blind-{kind}-{n}-{seed}"
+    cat = CACHE / f"catalog-blind-{kind}-{n}-{seed}"
+    if len(list(zoo.glob("*.pt2"))) < n:
+        t = time.perf_counter()
+        print(f"making blind {kind} zoo of {n} models in {zoo} ...", flush=True)
+        importlib.import_module(f"benchmarks.blind.{kind}").make(zoo, n=n, seed=seed, workers=2)
+        print(f"  made in {time.perf_counter() - t:.0f}s", flush=True)
+        shutil.rmtree(cat, ignore_errors=True)
+    if not (cat / "parts").exists():
+        report = ingest_zoo(zoo, cat, zoo_name=kind, workers=2, progress=False)
+        if report.errors:
+            print(f"  {len(report.errors)} of {n} checkpoints not converted (see ingest_errors)", flush=True)
+    return cat

@@ -24,6 +24,10 @@ holds zero is not a win. Predictions are read back from the catalog's ``predicti
     .venv/bin/python benchmarks/bench_accuracy.py --full     # 1,500-model zoos, 3 folds (test sets of ~500),
                                                              # the default recipe (an ensemble of 3)
     .venv/bin/python benchmarks/bench_accuracy.py --zoos cnn-fixed --peers nfn_np,nfn_hnp,ww
+    .venv/bin/python benchmarks/bench_accuracy.py --blind    # the blind zoos of benchmarks/blind, reported apart
+
+The blind zoos are for reporting only: a recipe lever chosen by looking at their numbers makes
+them development zoos (regenerate them with a new --seed).
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _zoos import zoo_catalog
+from _zoos import BLIND, blind_catalog, zoo_catalog
 from jobs.peers import PEERS, PeerRunner
 
 METANETS = ("ngnn", "ngt")
@@ -172,6 +176,9 @@ def main(argv=None) -> None:
     ap.add_argument("--epochs", type=int, default=None,
                     help="metanetwork epochs per ensemble member (default: the recipe's, 10)")
     ap.add_argument("--zoos", default="cnn,cnn-fixed", help="comma-separated zoo kinds")
+    ap.add_argument("--blind", action="store_true",
+                    help=f"the blind zoos instead ({', '.join(BLIND)}; benchmarks/blind, written without reading "
+                    "this project's generators): report only, never choose a lever by them")
     ap.add_argument("--models", default=",".join(METANETS),
                     help="metanetworks to train (ngnn,ngt; '' = none: the baselines and peers only)")
     ap.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples")
@@ -194,8 +201,8 @@ def main(argv=None) -> None:
         print("recipe levers: " + ", ".join(f"{k}={v}" for k, v in lever.items()), flush=True)
     started = time.perf_counter()
     tables = []
-    for kind in args.zoos.split(","):
-        cat = zoo_catalog(kind, n)
+    for kind in (BLIND if args.blind else args.zoos.split(",")):
+        cat = blind_catalog(kind, n, args.seed) if args.blind else zoo_catalog(kind, n)
         print(f"{kind}: {n}-model zoo, {args.folds} folds, {epochs} epochs", flush=True)
         per_fold = []
         peers = PeerRunner(cat, peer_names, seed=args.seed, nfn_epochs=args.nfn_epochs) if peer_names else None
