@@ -175,13 +175,22 @@ def test_a_crash_of_the_graph_engine_stays_in_its_worker(tmp_path):
     store.close()
 
 
-def _catalog(tmp_path):
+def _catalog(tmp_path, graph: bool = False):
     from pipeline.ingest import ingest_zoo
     from pipeline.zoo.make import make_zoo
 
     make_zoo("mlp", tmp_path / "zoo", n=2, seed=1, workers=1, progress=False)
-    ingest_zoo(tmp_path / "zoo", tmp_path / "cat", progress=False)
+    with LadybugStore(tmp_path / "cat" / "graph.lbug") if graph else _nothing() as store:
+        ingest_zoo(tmp_path / "zoo", tmp_path / "cat", progress=False, store=store)
     return tmp_path / "cat"
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
 
 
 def test_sql_limits_hold_for_the_whole_process_tree(tmp_path):
@@ -208,12 +217,15 @@ def test_sql_limits_hold_for_the_whole_process_tree(tmp_path):
     assert secs < 2 + 1 + 1.5, secs                      # the limit, a second, and the CLI's own start-up
 
 
-def test_ctrl_c_stops_a_query_with_one_line_and_exit_130(tmp_path):
-    cat = _catalog(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "sql", "--catalog", str(cat), "--timeout", "0",
-                             "SELECT count(*) FROM range(CAST(1e13 AS BIGINT))"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            start_new_session=True)
+@pytest.mark.parametrize("command", [
+    ["pipeline.cli", "sql", "SELECT count(*) FROM range(CAST(1e13 AS BIGINT))"],
+    ["graphstore.cli", "cypher", "UNWIND range(1, 300000) AS x UNWIND range(1, 300000) AS y WITH x + y AS z "
+                                 "WHERE z % 7 = 3 RETURN count(*)"]])
+def test_ctrl_c_stops_a_query_with_one_line_and_exit_130(tmp_path, command):
+    cat = _catalog(tmp_path, graph=command[1] == "cypher")
+    proc = subprocess.Popen([sys.executable, "-m", *command[:2], "--catalog", str(cat), "--timeout", "0", command[2]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "NEO4J_URI": ""}, start_new_session=True)
     time.sleep(3)
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     os.killpg(proc.pid, signal.SIGINT)                     # what the terminal does: the whole group
