@@ -154,3 +154,26 @@ def limit_memory(limit_bytes: int) -> None:
         mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     cap = mapped + limit_bytes
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+_WRITING = ("rm", "rm_file", "_rm", "rmdir", "mv", "move", "rename", "mkdir", "makedirs", "touch", "put", "put_file",
+            "pipe", "pipe_file", "cp_file", "copy", "write_bytes", "write_text", "setxattr")
+
+
+def read_only_filesystem(fs) -> None:
+    """Make an fsspec file system object (a catalog on object storage, as DuckDB reads it in the
+    SQL worker) refuse every write: opening for writing and the methods that change objects."""
+    def refuse(*args, **kwargs):
+        raise PermissionError("the query worker's view of the catalog is read-only")
+
+    opener = fs.open
+
+    def open_read_only(path, mode="rb", *args, **kwargs):
+        if any(c in mode for c in "wax+"):
+            refuse()
+        return opener(path, mode, *args, **kwargs)
+
+    fs.open = open_read_only
+    for name in _WRITING:
+        if hasattr(fs, name):
+            setattr(fs, name, refuse)

@@ -7,7 +7,8 @@ It reads a JSON request on standard input, locks itself down, runs the query on 
 - SIGINT is ignored (the parent stops this process) and the process dies with its parent;
 - where the machine allows it, a private mount namespace in which the catalog folder is mounted
   read-only (as root directly, otherwise inside a user namespace): even a statement that slipped
-  past the parser and DuckDB's own access checks cannot change a byte of the catalog;
+  past the parser and DuckDB's own access checks cannot change a byte of the catalog; a catalog on
+  object storage is read through a file-system client whose writing methods refuse;
 - the address space is limited to what the process holds now plus the memory limit, so no query
   (a huge list built in one expression included) takes more than its limit of memory;
 - standard output is kept for the result alone.
@@ -17,7 +18,8 @@ from __future__ import annotations
 import os
 import tempfile
 
-from graphstore.isolation import die_with_parent, fail, limit_memory, read_only_mount, read_request
+from graphstore.isolation import (die_with_parent, fail, limit_memory, read_only_filesystem, read_only_mount,
+                                  read_request)
 
 
 def main() -> None:
@@ -26,7 +28,9 @@ def main() -> None:
     from graphstore.catalog import Catalog
 
     catalog = Catalog(request["catalog"])
-    if not catalog.remote:
+    if catalog.remote:
+        read_only_filesystem(catalog.fs)            # the object store's client, as DuckDB will use it
+    else:
         read_only_mount(str(catalog.root))
 
     import duckdb

@@ -265,3 +265,20 @@ def test_every_command_refuses_every_hostile_input(tmp_path):
     errors = run_readonly(tmp_path / "hostile-cat", "SELECT count(*) AS n, count(DISTINCT source_path) AS d "
                                                    "FROM ingest_errors").to_pylist()[0]
     assert errors["n"] == errors["d"] == 14          # every hostile checkpoint is recorded as a failure, once
+
+
+def test_the_object_storage_client_of_the_query_worker_refuses_writes(tmp_path):
+    import fsspec
+
+    from graphstore.isolation import read_only_filesystem
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file("/cat/parts/p/models.parquet", b"original")
+    read_only_filesystem(fs)
+    with fs.open("/cat/parts/p/models.parquet", "rb") as fh:
+        assert fh.read() == b"original"
+    for write in (lambda: fs.open("/cat/parts/p/models.parquet", "wb"), lambda: fs.rm("/cat", recursive=True),
+                  lambda: fs.pipe_file("/cat/x", b"x"), lambda: fs.mv("/cat/parts", "/elsewhere")):
+        with pytest.raises(PermissionError):
+            write()
+    assert fs.cat_file("/cat/parts/p/models.parquet") == b"original"
