@@ -95,6 +95,7 @@ RUNS = pa.schema([
     ("metrics_json", pa.string()),
     ("model_path", pa.string()),
     ("created_at", pa.timestamp("us", tz="UTC")),
+    ("method", pa.string()),             # the predictor whose predictions are the run's answer (null: none)
 ])
 
 PREDICTIONS = pa.schema([

@@ -19,12 +19,14 @@ from zoocore.errors import StoreError
 ONE_MODEL_PER_ARCHITECTURE = (
     "SELECT l.*, r.architecture_id FROM layers l JOIN "
     "(SELECT architecture_id, min(model_id) AS model_id FROM models GROUP BY architecture_id) r USING (model_id)")
-LATEST_PREDICTIONS = (  # per model and target, the NG-GNN prediction of the newest run (label for classification)
-    "SELECT p.target, p.model_id, "
-    "arg_max(CASE WHEN r.task = 'regression' THEN CAST(p.predicted AS VARCHAR) ELSE p.predicted_label END, "
-    "r.created_at), arg_max(p.run_id, r.created_at), arg_max(r.task, r.created_at) "
-    "FROM predictions p JOIN runs r USING (run_id) "
-    "WHERE p.method IN ('ngnn', 'ngt') AND (p.predicted IS NOT NULL OR p.predicted_label IS NOT NULL) "
+# Per model and target, the newest run's own answer: the predictions of the method the run names
+# (``runs.method``), a label where the task gives one, else the number. Runs saved before the column
+# existed name their metanetwork in their configuration (``model``), NG-GNN before that.
+LATEST_PREDICTIONS = (
+    "SELECT p.target, p.model_id, arg_max(p.predicted_label, r.created_at), arg_max(p.predicted, r.created_at), "
+    "arg_max(p.run_id, r.created_at) FROM predictions p JOIN runs r USING (run_id) "
+    "WHERE p.method = coalesce(r.method, json_extract_string(r.config_json, '$.model'), 'ngnn') "
+    "AND (p.predicted IS NOT NULL OR p.predicted_label IS NOT NULL) "
     "GROUP BY p.target, p.model_id ORDER BY p.target, p.model_id")
 
 
@@ -73,10 +75,10 @@ def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True,
         for a, b, score, run_id in con.execute(SIMILAR_EDGES).fetchall():
             similar.setdefault(run_id, []).append((a, b, score))
         by_target: dict[tuple[str, str], list] = {}
-        for target, model_id, value, run_id, task in preds:
+        for target, model_id, label, number, run_id in preds:
+            value = label if label is not None else number
             if value is not None:
-                by_target.setdefault((target, run_id), []).append(
-                    (model_id, float(value) if task == "regression" else value))
+                by_target.setdefault((target, run_id), []).append((model_id, value))
         n_models = 0
 
         def write(target: MetadataStore) -> None:

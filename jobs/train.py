@@ -327,7 +327,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     artifact = save_metanetwork(catalog, run_id, models, sel, stats, scale, cfg)
     report = RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
                        artifact=artifact, history=history)
-    write_run(catalog, run_id, {**asdict(cfg), "world_size": ctx.world}, sel, results, emb, metrics, artifact)
+    write_run(catalog, run_id, {**asdict(cfg), "world_size": ctx.world}, sel, results, emb, metrics, artifact,
+              method=cfg.model)
     if store is not None:
         try:
             write_back(catalog, store, sel, pred, run_id)
@@ -445,13 +446,16 @@ def write_back(catalog, store, sel: Selection, pred: np.ndarray, run_id: str) ->
 
 
 def write_run(catalog: Catalog, run_id: str, cfg: TrainConfig | dict, sel: Selection, results: dict[str, np.ndarray],
-              emb: np.ndarray, metrics: dict, artifact: Path | None, splits: np.ndarray | None = None) -> None:
-    """The runs, predictions and embeddings relations of one run, committed atomically."""
+              emb: np.ndarray, metrics: dict, artifact: Path | None, splits: np.ndarray | None = None,
+              method: str | None = None) -> None:
+    """The runs, predictions and embeddings relations of one run, committed atomically. ``method``:
+    the predictor whose predictions are the run's answer (what `graphstore sync` writes back), by
+    default the first of ``results``."""
     config = asdict(cfg) if isinstance(cfg, TrainConfig) else cfg
     runs = pa.table({"run_id": [run_id], "task": [sel.task], "target": [sel.target],
                      "where_sql": [config.get("where")], "config_json": [json.dumps(config, default=str)],
                      "metrics_json": [json.dumps(metrics)], "model_path": [str(artifact) if artifact else None],
-                     "created_at": [now_utc()]}, schema=RUNS)
+                     "created_at": [now_utc()], "method": [method or next(iter(results), None)]}, schema=RUNS)
     splits = sel.splits if splits is None else splits
     cols: dict[str, list] = {k: [] for k in PREDICTIONS.names}
     task = task_named(sel.task)
