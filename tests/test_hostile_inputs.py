@@ -217,6 +217,7 @@ def test_sql_limits_hold_for_the_whole_process_tree(tmp_path):
     assert secs < 2 + 1 + 1.5, secs                      # the limit, a second, and the CLI's own start-up
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [
     ["pipeline.cli", "sql", "SELECT count(*) FROM range(CAST(1e13 AS BIGINT))"],
     ["graphstore.cli", "cypher", "UNWIND range(1, 300000) AS x UNWIND range(1, 300000) AS y WITH x + y AS z "

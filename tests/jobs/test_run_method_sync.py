@@ -18,6 +18,7 @@ from jobs.data import select_models
 from jobs.train import write_run
 
 
+@pytest.mark.slow
 def test_sync_writes_back_the_method_each_run_names(tmp_path):
     from pipeline.ingest import ingest_zoo
     from pipeline.zoo.make import make_zoo
