@@ -67,8 +67,33 @@ def connect(catalog: Catalog | str, relations: Sequence[str] | None = None) -> d
             body = _WITHOUT_SHADOWED.format(src=_source(files, True))
         else:
             body = _DEDUP.get(relation, "SELECT * FROM {src}").format(src=_source(files))
-        con.execute(f"CREATE OR REPLACE VIEW {relation} AS {body}")
+        con.execute(f"CREATE OR REPLACE VIEW {relation} AS {_with_missing_columns(con, relation, body)}")
     return con
+
+
+_SQL_TYPES = {pa.string(): "VARCHAR", pa.float64(): "DOUBLE", pa.float32(): "FLOAT", pa.int64(): "BIGINT",
+              pa.int32(): "INTEGER", pa.int8(): "TINYINT", pa.bool_(): "BOOLEAN",
+              pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ"}
+
+
+def _sql_type(t: pa.DataType) -> str:
+    if pa.types.is_list(t):
+        return _sql_type(t.value_type) + "[]"
+    return _SQL_TYPES.get(t, "VARCHAR")
+
+
+def _with_missing_columns(con, relation: str, body: str) -> str:
+    """``body`` with the columns of the relation's schema that its files lack (parts written before
+    a column was added, e.g. ``runs.method``) as typed nulls, so queries may name every column."""
+    schema = FIXED_SCHEMAS.get(relation)
+    if schema is None:
+        return body
+    have = set(con.sql(body).columns)
+    missing = [f for f in schema if f.name not in have]
+    if not missing:
+        return body
+    extra = ", ".join(f"CAST(NULL AS {_sql_type(f.type)}) AS {f.name}" for f in missing)
+    return f"SELECT *, {extra} FROM ({body})"
 
 
 def stream(con: duckdb.DuckDBPyConnection, query: str, params: Sequence | dict | None = None,

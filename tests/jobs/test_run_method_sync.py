@@ -55,3 +55,17 @@ def test_sync_writes_back_the_method_each_run_names(tmp_path):
         got = dict(store.run("MATCH (m:Model) RETURN m.model_id, m.predicted_test_accuracy").rows)
     assert got == pytest.approx(dict(zip(sel.model_ids, newest)))
 
+
+
+def test_a_catalog_whose_runs_predate_a_column_still_has_it_in_its_view(tmp_path):
+    """Every column of a relation's schema is in its view, null where the files predate it."""
+    old_schema = pa.schema([f for f in RUNS if f.name != "method"])
+    cat = Catalog(tmp_path / "cat")
+    cat.commit_results("run-old", {"runs": pa.table({f.name: [None] for f in old_schema}, schema=old_schema)
+                                   .set_column(0, "run_id", pa.array(["run-old"]))})
+    con = duck.connect(cat, ["runs"])
+    try:
+        assert con.execute("SELECT run_id, method FROM runs").fetchall() == [("run-old", None)]
+        assert con.execute("SELECT typeof(method) FROM runs").fetchone()[0] == "VARCHAR"
+    finally:
+        con.close()
