@@ -3,12 +3,29 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 
 import click
 
 from graphstore.options import existing_catalog, open_store_from_options, optional_store, store_options
 from jobs.metanets import ATTENTION_GROUPS, METANETWORKS
 from zoocore.cli import catalog_option, format_rows, translate_errors
+
+
+class _TaskNames(Sequence):
+    """``auto`` and the registered task names (jobs.tasks.TASKS), read when click first asks, so
+    that the CLI's import stays free of torch."""
+
+    def _names(self) -> list[str]:
+        from jobs.tasks import TASKS
+
+        return ["auto", *TASKS]
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,8 +54,8 @@ def _device_option(fn):
 @click.option("--target", default="test_accuracy", show_default=True,
               help="models column to predict: numeric -> regression (Kendall tau, R^2), text -> "
                    "classification (accuracy, macro-F1); e.g. optimizer, dataset, label.")
-@click.option("--task", type=click.Choice(["auto", "regression", "classification"]), default="auto",
-              show_default=True)
+@click.option("--task", type=click.Choice(_TaskNames()), default="auto", show_default=True,
+              help="auto: the first task that takes the target column's type (numbers: regression).")
 @click.option("--where", default=None, help="SQL condition over the models view selecting the models.")
 @click.option("--split-column", default=None,
               help="models column with train/val/test (default: a hash of model_id, stable across runs).")

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from graphstore.sql import run_readonly
-from jobs.tasks import task_named
+from jobs.tasks import task_for_column, task_named
 from pipeline.graph_codec import ids_table, read_graphs, read_plans
 from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.heterograph import CanonicalEtype, build_heterograph, reframe, with_reverses
@@ -108,8 +108,7 @@ def select_models(con, target: str | None, where: str | None = None, task: str =
         raise JobError(f"no models match --where {where!r}" + (f" with {target} set" if target else ""))
     ids = [r[0] for r in rows]
     if task == "auto":
-        ctype = cols.get(target, "VARCHAR") if target else "DOUBLE"
-        task = "regression" if any(t in ctype for t in ("DOUBLE", "FLOAT", "INT", "DECIMAL")) else "classification"
+        task = task_for_column(cols.get(target, "VARCHAR") if target else "DOUBLE")
     targets, class_list = task_named(task).read_targets([r[4] for r in rows], classes, target)
     if split_column:
         splits = np.array([str(r[5]) if r[5] is not None else hash_split(r[0]) for r in rows])

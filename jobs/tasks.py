@@ -58,6 +58,13 @@ class Task:
     def fit_scale(self, train_targets: np.ndarray) -> TargetScale:
         return TargetScale()
 
+    def takes_column(self, sql_type: str) -> bool:
+        """Whether a models column of this DuckDB type is this task's target by default (``auto``)."""
+        return False
+
+    def check_training(self, targets: np.ndarray, classes: list[str], target: str) -> None:
+        """Refuse (JobError) a training split this task cannot learn from; ``targets``: its values."""
+
     def calibrate(self, out: np.ndarray, targets: np.ndarray, scale: TargetScale, mode: str = "linear"
                   ) -> TargetScale:
         """The scale that decodes ``out`` closest to ``targets`` (the validation split's), given the
@@ -122,6 +129,9 @@ class RankedMSE(torch.nn.Module):
 
 class Regression(Task):
     name = "regression"
+
+    def takes_column(self, sql_type: str) -> bool:
+        return any(t in sql_type.upper() for t in ("DOUBLE", "FLOAT", "INT", "DECIMAL"))
     metric_keys = ("kendall_tau", "r2", "mae")
     selection_metric = "kendall_tau"
     numeric = True
@@ -203,6 +213,16 @@ class Classification(Task):
     metric_keys = ("accuracy", "macro_f1")
     selection_metric = "accuracy"
 
+    def takes_column(self, sql_type: str) -> bool:
+        return True                     # anything a regression does not take: text, booleans, ...
+
+    def check_training(self, targets, classes, target):
+        seen = sorted({classes[i] for i in targets if i >= 0})
+        if len(seen) < 2:
+            raise JobError(f"the training split has a single class of {target!r} ({', '.join(seen) or 'none'}): "
+                           "a classifier of one class scores perfectly without learning anything; select more "
+                           "models (--where) or another --target")
+
     def read_targets(self, values, classes, target):
         labels = [None if v is None else _label(v) for v in values]
         class_list = list(classes) if classes else sorted({lab for lab in labels if lab is not None})
@@ -259,7 +279,12 @@ def _label(v) -> str:
     return str(v)
 
 
-TASKS: dict[str, Task] = {t.name: t for t in (Regression(), Classification())}
+TASKS: dict[str, Task] = {t.name: t for t in (Regression(), Classification())}   # in auto-detection order
+
+
+def task_for_column(sql_type: str) -> str:
+    """The task ``auto`` picks for a target column of this DuckDB type: the first that takes it."""
+    return next(t.name for t in TASKS.values() if t.takes_column(sql_type))
 
 
 def task_named(name: str) -> Task:

@@ -254,12 +254,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     if counts["train"] < 2 or counts["test"] < 1:
         raise JobError(f"too few models to train and test: {counts}")
     task = task_named(sel.task)
-    if task.name == "classification":
-        seen = sorted({sel.classes[i] for i in sel.targets[sel.mask("train")] if i >= 0})
-        if len(seen) < 2:
-            raise JobError(f"the training split has a single class of {sel.target!r} ({', '.join(seen) or 'none'}): "
-                           "a classifier of one class scores perfectly without learning anything; select more "
-                           "models (--where) or another --target")
+    task.check_training(sel.targets[sel.mask("train")], sel.classes, sel.target)
     if cfg.calibration not in CALIBRATIONS:
         raise JobError(f"--calibration {cfg.calibration!r}: one of {', '.join(CALIBRATIONS)}")
     if cfg.rank_weight < 0:

@@ -112,3 +112,22 @@ def test_a_monotone_calibration_straightens_a_curve_and_never_reorders():
         task.metrics(y[:200], task.decode(test_out, linear))["kendall_tau"], abs=1e-12)
     with pytest.raises(JobError, match="one of linear, monotone"):
         task.calibrate(out, y, scale, "spline")
+
+
+def test_tasks_own_their_names_choices_and_detection():
+    """The CLI offers the registered tasks, ``auto`` asks each task whether it takes the column's
+    type, and the single-class refusal belongs to classification."""
+    import numpy as np
+    import pytest
+
+    from jobs.cli import train_heterognn_cmd
+    from jobs.tasks import TASKS, task_for_column, task_named
+    from zoocore.errors import JobError
+
+    choice = next(p for p in train_heterognn_cmd.params if p.name == "task").type
+    assert list(choice.choices) == ["auto", *TASKS]
+    assert [task_for_column(t) for t in ("DOUBLE", "BIGINT", "DECIMAL(8,2)", "VARCHAR", "BOOLEAN")] == \
+        ["regression"] * 3 + ["classification"] * 2
+    task_named("regression").check_training(np.array([0.1, 0.1]), [], "acc")
+    with pytest.raises(JobError, match="single class of 'optimizer' \\(adam\\)"):
+        task_named("classification").check_training(np.array([0, 0, -1]), ["adam", "sgd"], "optimizer")
