@@ -23,7 +23,7 @@ from jobs.probes import ProbeFeatures
 from jobs.quasi import QuasiScaling
 from jobs.relational_kernels import FiLM, rel_linear, segment_stats
 from pipeline.neural_graph.heterograph import CanonicalEtype
-from pipeline.neural_graph.vocabulary import ACTIVATIONS, NODE_TYPES
+from pipeline.neural_graph.vocabulary import ACTIVATIONS, NODE_TYPES, SEEDED_ACTIVATIONS
 
 
 @dataclass
@@ -318,7 +318,10 @@ class NGGNN(nn.Module):
         H = cfg.hidden
         self.bias_in = nn.Linear(1 + cfg.probes, H)
         self.probes = ProbeFeatures(cfg.probes) if cfg.probes else None
-        self.act_emb = nn.Embedding(len(ACTIVATIONS), H)
+        # nn.Embedding's N(0, 1) rows for the seeded kinds, zeros for kinds added later (vocabulary .seeded)
+        first = torch.randn(SEEDED_ACTIVATIONS, H)
+        self.act_emb = nn.Embedding(len(ACTIVATIONS), H, _weight=torch.cat(
+            [first, torch.zeros(len(ACTIVATIONS) - SEEDED_ACTIVATIONS, H)]))
         self.type_emb = nn.Embedding(len(NODE_TYPES), H)
         self.layer_emb = nn.Embedding(cfg.max_layers, H)            # hidden neurons: one per layer
         self.pos_emb = nn.ModuleDict({"input": nn.Embedding(cfg.max_positions, H),

@@ -43,6 +43,8 @@ class Activation:
     fn: Callable[[torch.Tensor], torch.Tensor]
     symmetries: frozenset[str] = frozenset()
     in_specs: bool = True                  # a spec may name it (gelu_tanh is GELU(approximate="tanh"))
+    seeded: bool = True                    # its metanetwork embedding row is drawn from the seed; kinds added
+    #                                        later start at zero, so a seed still trains the network it did
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -67,9 +69,10 @@ VOCABULARY: tuple[Activation, ...] = (
     Activation("hardsigmoid", nn.Hardsigmoid, ("hardsigmoid",), nn.functional.hardsigmoid),
     Activation("gelu_tanh", nn.GELU, (), _gelu_tanh, in_specs=False),  # traced as gelu(approximate="tanh")
     # New kinds go last: a kind's position is its code in saved metanetworks' activation embeddings.
-    Activation("elu", nn.ELU, ("elu",), nn.functional.elu),              # alpha 1 only
+    Activation("elu", nn.ELU, ("elu",), nn.functional.elu, seeded=False),              # alpha 1 only
 )
 ACTIVATIONS: tuple[str, ...] = tuple(a.name for a in VOCABULARY)
+SEEDED_ACTIVATIONS = sum(a.seeded for a in VOCABULARY)       # a prefix of ACTIVATIONS
 BY_NAME: dict[str, Activation] = {a.name: a for a in VOCABULARY}
 
 

@@ -69,3 +69,19 @@ def test_a_run_saved_before_an_activation_kind_was_added_still_loads(kind):
     fresh.load_state_dict(old)
     assert torch.equal(fresh.act_emb.weight[:-1], old["act_emb.weight"])
     assert torch.count_nonzero(fresh.act_emb.weight[-1]) == 0
+
+
+def test_an_added_activation_kind_leaves_a_seeds_network_unchanged():
+    """Kinds added to the vocabulary later (elu) start at zero, so every other parameter a seed
+    draws is what it drew before the kind existed."""
+    import torch
+
+    from pipeline.neural_graph.vocabulary import ACTIVATIONS, SEEDED_ACTIVATIONS
+
+    torch.manual_seed(0)
+    model = build_metanetwork(NGGNNConfig(etypes=ETYPES, edge_in=1, out_dim=1, hidden=8, edge_hidden=4))
+    torch.manual_seed(0)
+    before = torch.nn.Embedding(SEEDED_ACTIVATIONS, 8).weight
+    assert SEEDED_ACTIVATIONS < len(ACTIVATIONS)
+    assert torch.equal(model.act_emb.weight[:SEEDED_ACTIVATIONS], before)
+    assert torch.count_nonzero(model.act_emb.weight[SEEDED_ACTIVATIONS:]) == 0
