@@ -78,10 +78,16 @@ def test_an_added_activation_kind_leaves_a_seeds_network_unchanged():
 
     from pipeline.neural_graph.vocabulary import ACTIVATIONS, SEEDED_ACTIVATIONS
 
+    from pipeline.neural_graph.vocabulary import NODE_TYPES
+
+    cfg = NGGNNConfig(etypes=ETYPES, edge_in=1, out_dim=1, hidden=8, edge_hidden=4)
     torch.manual_seed(0)
-    model = build_metanetwork(NGGNNConfig(etypes=ETYPES, edge_in=1, out_dim=1, hidden=8, edge_hidden=4))
-    torch.manual_seed(0)
+    model = build_metanetwork(cfg)
+    torch.manual_seed(0)                     # the draws of the modules built before and after, as they were
+    torch.nn.Linear(1 + cfg.probes, 8)
     before = torch.nn.Embedding(SEEDED_ACTIVATIONS, 8).weight
+    after = torch.nn.Embedding(len(NODE_TYPES), 8).weight
     assert SEEDED_ACTIVATIONS < len(ACTIVATIONS)
     assert torch.equal(model.act_emb.weight[:SEEDED_ACTIVATIONS], before)
+    assert torch.equal(model.type_emb.weight, after)
     assert torch.count_nonzero(model.act_emb.weight[SEEDED_ACTIVATIONS:]) == 0
