@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from pipeline import torch_archive
-from zoocore.errors import CheckpointError
+from zoocore.errors import CheckpointError, first_line
 
 CHECKPOINT_SUFFIXES = (".pt2", ".pt", ".pth", ".safetensors")
 MAX_SIDECAR_BYTES = 16 * 2**20
@@ -33,10 +33,9 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         from safetensors.torch import load_file
 
-        state = load_file(str(path))
+        return load_file(str(path))         # a flat dict of tensors by the format itself
     except Exception as exc:
-        raise CheckpointError(f"{path}: cannot read state dict: {_first_line(exc)}") from exc
-    return _tensor_dict(path, state)
+        raise CheckpointError(f"{path}: cannot read state dict: {first_line(exc)}") from exc
 
 
 def tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
@@ -52,16 +51,7 @@ def tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
         with safe_open(str(path), framework="pt") as fh:
             return {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
     except Exception as exc:
-        raise CheckpointError(f"{path}: cannot read state dict: {_first_line(exc)}") from exc
-
-
-def _tensor_dict(path: Path, state) -> dict[str, torch.Tensor]:
-    """A loaded checkpoint as a state dict of tensors (unwrapping ``{"state_dict": ...}``), or refused."""
-    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"{path}: not a state dict of tensors")
-    return state
+        raise CheckpointError(f"{path}: cannot read state dict: {first_line(exc)}") from exc
 
 
 def sidecar_path(checkpoint: str | Path) -> Path:
@@ -88,14 +78,10 @@ def read_json_object(path: str | Path, what: str = "JSON file") -> dict[str, Any
     try:
         data = json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: invalid {what}: {_first_line(exc)}") from exc
+        raise CheckpointError(f"{path}: invalid {what}: {first_line(exc)}") from exc
     except RecursionError:
         raise CheckpointError(f"{path}: {what} nested too deeply to read") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: a {what} must be a JSON object")
     return data
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]

@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from zoocore.errors import CheckpointError
+from zoocore.errors import CheckpointError, first_line
 
 MAX_PICKLE_BYTES = 64 * 2**20          # data.pkl of a state dict is a few kB per tensor
 MAX_MEMBER_BYTES = 16 * 2**30          # one tensor's storage
@@ -122,11 +122,6 @@ class RestrictedUnpickler(pickle.Unpickler):
         return self._read_storage(pid[2], pid[1].dtype, pid[4])
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
-
-
 def refuse_torchscript(names: list[str], where: str) -> None:
     """A TorchScript archive is refused by its members, before anything in it is read."""
     for name in names:
@@ -154,7 +149,7 @@ def load_torch_zip(source: str | Path | bytes, where: str | None = None, shapes_
         raise
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
             RecursionError, MemoryError, RuntimeError, pickle.UnpicklingError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{where}: cannot read the archive: {_first_line(exc)}") from exc
+        raise CheckpointError(f"{where}: cannot read the archive: {first_line(exc)}") from exc
 
 
 def _load_zip(zf: zipfile.ZipFile, where: str, shapes_only: bool = False) -> Any:
@@ -177,7 +172,7 @@ def _load_zip(zf: zipfile.ZipFile, where: str, shapes_only: bool = False) -> Any
         if key in storages:
             return storages[key]
         info = infos.get(f"{prefix}/data/{key}")
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         if info is None:
             raise CheckpointError(f"{where}: storage {key!r} is missing from the archive")
         if nbytes > MAX_MEMBER_BYTES or info.file_size != nbytes:
@@ -266,12 +261,8 @@ def _read_member(zf: zipfile.ZipFile, name: str, limit: int, where: str) -> byte
 
 
 def _inner_dict(data: bytes, where: str) -> dict:
-    if not data:
-        return {}
-    loaded = load_torch_zip(data, where)
-    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
-        raise CheckpointError(f"{where}: holds objects other than tensors")
-    return dict(loaded)
+    """A ``.pt2`` archive's state dict or constants: a ``torch.save`` archive of tensors, or nothing."""
+    return load_tensor_dict(data, where) if data else {}
 
 
 @contextlib.contextmanager
@@ -330,4 +321,4 @@ def load_exported(path: str | Path):
     except RecursionError:
         raise CheckpointError(f"{where}: the exported program is nested too deeply to read") from None
     except Exception as exc:        # torch's deserializer raises many kinds on malformed input
-        raise CheckpointError(f"{where}: cannot load torch.export archive: {_first_line(exc)}") from exc
+        raise CheckpointError(f"{where}: cannot load torch.export archive: {first_line(exc)}") from exc

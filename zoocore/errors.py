@@ -1,6 +1,13 @@
 """The project's one exception hierarchy; the CLIs turn these into messages and exit codes."""
 
 
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's first line (its type where it has no text), cut to ``limit`` characters: how
+    a third-party error (torch, safetensors, zipfile) is quoted inside one of ours."""
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:limit]
+
+
 class ZooGraphError(Exception):
     """Base class of every error this project raises on purpose."""
 
