@@ -6,9 +6,10 @@
   hyperparameters chosen on the validation split (Kendall tau for regression, accuracy for
   classification) as carefully as NG-GNN's early stopping: gradient boosting (``statnn``) and, as
   the paper ran it, an MLP (``statnn_mlp``) whose feature scaler (standard or quantile-to-normal)
-  is chosen on validation too; regression predictions are clipped to the training targets' range. Where the selection holds more
-  than one architecture, shape descriptors join the statistics (parameter count, depth, widths,
-  kernel sizes, norm and residual layers, activations): a baseline must see what NG-GNN sees.
+  is chosen on validation too; regression predictions are clipped to the training targets' range.
+  Where the selection holds more than one architecture, shape descriptors join the statistics
+  (parameter count, depth, widths, kernel sizes, norm and residual layers, activations): a
+  baseline must see what NG-GNN sees.
 - Flat-weights MLP: every weight and bias of a model in one vector; only defined where models
   share one shape, so it runs on the models of the most common shape of the selection; its hidden sizes
   and weight decay chosen on the validation split like StatNN's (``fit_tuned``).
@@ -34,14 +35,12 @@ MAX_LAYERS = 16
 POSITION_SLOTS = ("first", "middle", "last")
 
 WEIGHT_STATS = (
-    "SELECT model_id, layer, avg(x), var_pop(x), quantile_cont(x, [0.0, 0.25, 0.5, 0.75, 1.0]), "
-    "bool_or(relation = 'norm') FROM "
-    "(SELECT model_id, layer, CAST(relation AS VARCHAR) AS relation, unnest(weight) AS x FROM edges "
-    "JOIN _sel USING (model_id) "
+    "SELECT model_id, layer, avg(x), var_pop(x), quantile_cont(x, [0.0, 0.25, 0.5, 0.75, 1.0]) FROM "
+    "(SELECT model_id, layer, unnest(weight) AS x FROM edges JOIN _sel USING (model_id) "
     f" WHERE CAST(relation AS VARCHAR) NOT IN ({', '.join(repr(r) for r in UNIT_RELATIONS)})) WHERE x <> 0"
     " GROUP BY model_id, layer")
 BIAS_STATS = (
-    "SELECT model_id, layer, avg(bias), var_pop(bias), quantile_cont(bias, [0.0, 0.25, 0.5, 0.75, 1.0]), false "
+    "SELECT model_id, layer, avg(bias), var_pop(bias), quantile_cont(bias, [0.0, 0.25, 0.5, 0.75, 1.0]) "
     "FROM nodes JOIN _sel USING (model_id) WHERE CAST(node_type AS VARCHAR) <> 'input' GROUP BY model_id, layer")
 NORM_STATS = (
     "SELECT model_id, avg(x), var_pop(x), quantile_cont(x, [0.0, 0.25, 0.5, 0.75, 1.0]) FROM "
@@ -91,7 +90,7 @@ def statnn_features(con, model_ids: Sequence[str]) -> np.ndarray:
     index = {m: i for i, m in enumerate(model_ids)}
     per_layer: list[list[dict]] = [[{}, {}] for _ in model_ids]
     for k, q in enumerate((WEIGHT_STATS, BIAS_STATS)):
-        for mid, layer, mean, var, qs, _ in cur.execute(q).fetchall():
+        for mid, layer, mean, var, qs in cur.execute(q).fetchall():
             per_layer[index[mid]][k][layer] = [mean, var, *qs]
     norm: list = [None] * len(model_ids)
     for mid, mean, var, qs in cur.execute(NORM_STATS).fetchall():
