@@ -42,6 +42,7 @@ class QueryResult:
     columns: list[str]
     rows: list[list[Any]]
     notices: list[str] = field(default_factory=list)   # warnings from the database (unknown label...)
+    query_type: str | None = None          # the server's kind of statement where it says: r, rw, w, s
 
     def records(self) -> list[dict[str, Any]]:
         return [dict(zip(self.columns, r)) for r in self.rows]

@@ -76,10 +76,10 @@ class Neo4jStore(MetadataStore):
             raise StoreError(f"{exc.code}: {exc.message}") from exc
         except (nx.ServiceUnavailable, nx.SessionExpired) as exc:
             raise StoreError(f"lost the connection to Neo4j at {self.settings.uri}: {exc}") from exc
-        self._last_summary = summary
         notices = [f"{n.get('code', '')}: {n.get('description', '')}".strip(": ")
                    for n in (summary.notifications or [])]
-        return QueryResult(list(keys), [[_plain(v) for v in r.values()] for r in records], notices)
+        return QueryResult(list(keys), [[_plain(v) for v in r.values()] for r in records], notices,
+                           getattr(summary, "query_type", None))
 
     def _ensure_schema(self) -> None:
         for c in _CONSTRAINTS:
@@ -99,8 +99,7 @@ class Neo4jStore(MetadataStore):
         query type must be 'r' (read only), not 'rw', 'w' or 's' (schema)."""
         from graphstore.metadata.read_only import CypherRefused
 
-        self._execute("EXPLAIN " + query, params, self.query_timeout)
-        kind = getattr(self._last_summary, "query_type", None)
+        kind = self._execute("EXPLAIN " + query, params, self.query_timeout).query_type
         if kind != "r":
             raise CypherRefused(f"Neo4j plans this query as type {kind!r}, not read-only ('r') (graphstore cypher "
                                 "is read-only; an administrator can add --write)")
