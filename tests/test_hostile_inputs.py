@@ -6,6 +6,7 @@ project's own readers are shown to refuse it. The full sweep runs every command 
 a real process over every attack (tests.hostile.attacks)."""
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -180,17 +181,9 @@ def _catalog(tmp_path, graph: bool = False):
     from pipeline.zoo.make import make_zoo
 
     make_zoo("mlp", tmp_path / "zoo", n=2, seed=1, workers=1, progress=False)
-    with LadybugStore(tmp_path / "cat" / "graph.lbug") if graph else _nothing() as store:
+    with LadybugStore(tmp_path / "cat" / "graph.lbug") if graph else contextlib.nullcontext() as store:
         ingest_zoo(tmp_path / "zoo", tmp_path / "cat", progress=False, store=store)
     return tmp_path / "cat"
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_sql_limits_hold_for_the_whole_process_tree(tmp_path):

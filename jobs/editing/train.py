@@ -357,7 +357,8 @@ def write_edit_run(catalog: Catalog, run_id: str, cfg: EditConfig, metrics: dict
     config = {**asdict(cfg), "history": histories}
     runs = pa.table({"run_id": [run_id], "task": ["edit"], "target": [cfg.edit], "where_sql": [cfg.where],
                      "config_json": [json.dumps(config, default=str)], "metrics_json": [json.dumps(metrics)],
-                     "model_path": [str(artifact) if artifact else None], "created_at": [now_utc()], "method": [None]}, schema=RUNS)
+                     "model_path": [str(artifact) if artifact else None], "created_at": [now_utc()],
+                     "method": [None]}, schema=RUNS)
     catalog.commit_results(run_id, {"runs": runs})
 
 
