@@ -67,7 +67,8 @@ def connect(catalog: Catalog | str, relations: Sequence[str] | None = None) -> d
             body = _WITHOUT_SHADOWED.format(src=_source(files, True))
         else:
             body = _DEDUP.get(relation, "SELECT * FROM {src}").format(src=_source(files))
-        con.execute(f"CREATE OR REPLACE VIEW {relation} AS {_with_missing_columns(con, relation, body)}")
+        con.execute(f"CREATE OR REPLACE VIEW {relation} AS {body}")
+        _add_missing_columns(con, relation, body)
     return con
 
 
@@ -82,18 +83,19 @@ def _sql_type(t: pa.DataType) -> str:
     return _SQL_TYPES.get(t, "VARCHAR")
 
 
-def _with_missing_columns(con, relation: str, body: str) -> str:
-    """``body`` with the columns of the relation's schema that its files lack (parts written before
-    a column was added, e.g. ``runs.method``) as typed nulls, so queries may name every column."""
+def _add_missing_columns(con, relation: str, body: str) -> None:
+    """Give the view of ``relation`` the columns of its schema that its files lack (parts written
+    before a column was added, e.g. ``runs.method``) as typed nulls, so queries may name every
+    column. The view's columns come from the catalog, bound once when it was created."""
     schema = FIXED_SCHEMAS.get(relation)
     if schema is None:
-        return body
-    have = set(con.sql(body).columns)
+        return
+    have = {r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = ?",
+                                      [relation]).fetchall()}
     missing = [f for f in schema if f.name not in have]
-    if not missing:
-        return body
-    extra = ", ".join(f"CAST(NULL AS {_sql_type(f.type)}) AS {f.name}" for f in missing)
-    return f"SELECT *, {extra} FROM ({body})"
+    if missing:
+        extra = ", ".join(f"CAST(NULL AS {_sql_type(f.type)}) AS {f.name}" for f in missing)
+        con.execute(f"CREATE OR REPLACE VIEW {relation} AS SELECT *, {extra} FROM ({body})")
 
 
 def stream(con: duckdb.DuckDBPyConnection, query: str, params: Sequence | dict | None = None,
