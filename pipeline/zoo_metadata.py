@@ -170,10 +170,7 @@ def _listed_row(rows: dict[str, Row], checkpoint: Path, zoo_dir: Path, by_name: 
                 warnings: list[str]) -> Row:
     """The metrics.csv row of ``checkpoint``: by its path relative to the zoo, else by its bare file
     name when no other checkpoint of the zoo has that name."""
-    try:
-        rel = checkpoint.resolve().relative_to(zoo_dir.resolve()).as_posix()
-    except ValueError:
-        rel = checkpoint.name
+    rel = metrics_key(str(checkpoint.resolve()), zoo_dir)
     if rel in rows:
         return rows[rel]
     if checkpoint.name in rows:
