@@ -23,6 +23,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from tests.hostile.corpus import build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,9 +112,6 @@ def _hostile_run(catalog: Path, run_id: str, artifact: Path) -> str:
     shutil.copytree(src, dst)
     (dst / "metanet-0.safetensors").unlink()
     shutil.copy(artifact, dst / "metanet-0.pt")
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     results = next((catalog / "results").glob(f"{run_id}-*"))
     runs = pq.read_table(results / "runs.parquet")
     runs = runs.set_column(runs.schema.get_field_index("run_id"), "run_id", pa.array([hostile] * runs.num_rows))
@@ -173,20 +173,17 @@ def run_attacks(work: Path, progress=None) -> list[Outcome]:
     digest = tree_digest(cat)
     outcomes: list[Outcome] = []
 
-    def attempt(name: str, args: list[str], guard: Path | None = cat, expect_refused: bool = True) -> Outcome:
+    def attempt(name: str, args: list[str], expect_refused: bool = True) -> None:
         nonlocal digest
         code, out, secs = _cli(args)
-        changed = []
-        if guard is not None:
-            now = tree_digest(guard)
-            changed, digest = changed_files(digest, now), now       # each attempt answers for its own changes
-            if args[0] == "jobs":       # jobs open the graph store to write back; Ladybug rewrites its header then
-                changed = [f for f in changed if f != "graph.lbug"]
+        now = tree_digest(cat)
+        changed, digest = changed_files(digest, now), now       # each attempt answers for its own changes
+        if args[0] == "jobs":           # jobs open the graph store to write back; Ladybug rewrites its header then
+            changed = [f for f in changed if f != "graph.lbug"]
         o = Outcome(name, args, code, secs, out, sorted(p.name for p in canaries.glob("*")), changed, expect_refused)
         outcomes.append(o)
         if progress:
             progress(o)
-        return o
 
     # checkpoints: convert each, with a valid spec so the file itself is read
     for a in env["attacks"]:
