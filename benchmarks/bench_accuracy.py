@@ -6,17 +6,20 @@ CNN zoo (``cnn-fixed``: one architecture, the training recipe varied). Each is s
 hash of model_id (``jobs train-heterognn --folds K --fold I``): every model is a test model in
 exactly one fold. Per fold, in one run:
 
-- NG-GNN and NG-T with the project's default recipe (``jobs train-heterognn``, ``--model ngt``);
-- StatNN as gradient boosting (``statnn``) and as the paper's MLP (``statnn_mlp``), each with its
-  hyperparameters chosen on the validation split; on the diverse zoo with shape descriptors;
-- the flat-weights MLP (fixed zoo: one shape), tuned on validation;
+- every metanetwork of the registry (jobs.predictors: NG-GNN, NG-T) with the project's default
+  recipe, and its answer: the metanetwork blended with the mean of StatNN's learners, the weight
+  chosen on validation (``ngnn+statnn+statnn_mlp``, jobs.stacking);
+- every tabular predictor of the registry: StatNN as gradient boosting (``statnn``) and as the
+  paper's MLP (``statnn_mlp``), each tuned on validation, with shape descriptors on mixed zoos;
+  the flat-weights MLP (one-shape zoos); and ``statnn_avg``, the mean of StatNN's two learners;
 - peers (``--peers``, the optional extra ``.[peers]``; ``jobs.peers``): NFN with NP and with HNP
   layers (fixed zoo only: one shape), WeightWatcher's summary metrics as zero-training predictors
   (``ww_alpha`` ...; sign chosen on the training split) and its per-layer metrics into tuned
   gradient boosting (``ww_gbt``).
 
 It prints, per zoo and method, the mean and standard deviation over folds of test Kendall tau, R^2
-and MAE, and the paired difference in tau to the stronger StatNN with a bootstrap 95% interval
+and MAE, and the paired difference in tau to the strongest statistics (``statnn``, ``statnn_mlp``
+or ``statnn_avg``) with a bootstrap 95% interval
 (test models resampled within each fold, the same draw for both methods). A margin whose interval
 holds zero is not a win. Predictions are read back from the catalog's ``predictions`` relation.
 
@@ -40,9 +43,13 @@ import numpy as np
 
 from _zoos import BLIND, blind_catalog, zoo_catalog
 from jobs.peers import PEERS, PeerRunner
+from jobs.predictors import PREDICTORS, names
 
-METANETS = ("ngnn", "ngt")
-STATNNS = ("statnn", "statnn_mlp")
+METANETS = tuple(names("metanetwork"))
+TABULAR = tuple(names("tabular"))
+# the statistics predictors, and their mean (what a metanetwork's answer is blended with: jobs.stacking),
+# computed here per fold so that the paired difference is against the strongest statistics
+STATNNS = (*(n for n in TABULAR if PREDICTORS[n].stack), "statnn_avg")
 
 
 def overrides(pairs: list[str]) -> dict:
@@ -74,23 +81,30 @@ def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: in
 
 
 def baseline_predictions(cat: Path, folds: int, fold: int, seed: int) -> dict[str, dict[str, tuple[float, float]]]:
-    """StatNN (both learners) and the flat-weights MLP on fold ``fold``'s test models, run as
-    ``jobs train-heterognn`` runs them but without a metanetwork (``--models ''``: baselines and peers only)."""
+    """Every tabular predictor of the registry on fold ``fold``'s test models, fitted as ``jobs
+    train-heterognn`` fits them, without a metanetwork (``--models ''``: baselines and peers only)."""
     from graphstore import duck
-    from jobs.baselines import run_flat_mlp, run_statnn, statnn_inputs
     from jobs.data import select_models
+    from jobs.tabular import fit_all
 
     t = time.perf_counter()
     con = duck.connect(cat)
     sel = select_models(con, "test_accuracy", folds=(folds, fold))
-    inputs = statnn_inputs(con, sel)
-    runs = [run_statnn(con, sel, seed, inputs=inputs), run_statnn(con, sel, seed, learner="mlp", inputs=inputs),
-            run_flat_mlp(con, sel, seed)]
+    fitted = fit_all(con, sel, TABULAR, seed)
     con.close()
     test = sel.mask("test")
     print(f"  fold {fold} baselines ({time.perf_counter() - t:.0f}s, {int(test.sum())} test models)", flush=True)
-    return {r.name: {m: (y, p) for m, y, p, keep in zip(sel.model_ids, sel.targets, r.predictions, test & r.applicable)
-                     if keep} for r in runs}
+    return {name: {m: (y, p) for m, y, p, keep in zip(sel.model_ids, sel.targets, r.predictions, test & r.applicable)
+                   if keep} for name, (_, r) in fitted.items()}
+
+
+def with_statistics_mean(fold: dict[str, dict]) -> dict[str, dict]:
+    """The fold's predictions plus ``statnn_avg``: the mean of the statistics predictors' predictions."""
+    parts = [fold[n] for n in STATNNS[:-1] if n in fold]
+    if len(parts) < 2:
+        return fold
+    ids = set.intersection(*(set(p) for p in parts))
+    return {**fold, "statnn_avg": {i: (parts[0][i][0], float(np.mean([p[i][1] for p in parts]))) for i in ids}}
 
 
 def test_predictions(cat: Path, run_ids: list[str]) -> dict[str, dict[str, tuple[float, float]]]:
@@ -133,11 +147,11 @@ def summarise(kind: str, per_fold: list[dict[str, dict]], resamples: int) -> lis
 
     from jobs.compare import kendall_tau, paired_bootstrap
 
-    seen = sorted({m for f in per_fold for m in f} - {*METANETS, *STATNNS, "flat_mlp"})
+    seen = sorted({m for f in per_fold for m in f} - {*METANETS, *STATNNS, *TABULAR})
     # a method that scored under half of a fold's test models (the flat-weights MLP on a zoo of many
     # shapes scores one shape's few) would be ranked on another, tiny test set: left out, and said so
     n_fold = [max(len(f.get(m, ())) for m in STATNNS) for f in per_fold]
-    covered = {m: [len(f.get(m, ())) for f in per_fold] for m in (*METANETS, *STATNNS, "flat_mlp", *seen)}
+    covered = {m: [len(f.get(m, ())) for f in per_fold] for m in dict.fromkeys((*METANETS, *seen, *STATNNS, *TABULAR))}
     methods = [m for m, n in covered.items() if all(k >= max(2, t / 2) for k, t in zip(n, n_fold))]
     left_out = [f"  ({m}: left out, it scored only {n} of {n_fold} test models)" for m, n in covered.items()
                 if m not in methods and any(n)]
@@ -150,7 +164,7 @@ def summarise(kind: str, per_fold: list[dict[str, dict]], resamples: int) -> lis
     best = max((m for m in STATNNS if m in score), key=lambda m: np.mean(score[m]["tau"]))
     n_test = [len(f[best]) for f in per_fold]
     lines = [f"{kind}: {len(per_fold)} folds, test models per fold {n_test}; paired difference to {best} "
-             "(the stronger StatNN), bootstrap 95% interval",
+             "(the strongest statistics), bootstrap 95% interval",
              f"  {'method':{w}s} {'tau mean ± sd':>16s} {'R^2 mean ± sd':>16s} {'MAE mean ± sd':>16s}"
              f"   {'d tau vs ' + best:>28s}"]
     for m in methods:
@@ -207,10 +221,11 @@ def main(argv=None) -> None:
         per_fold = []
         peers = PeerRunner(cat, peer_names, seed=args.seed, nfn_epochs=args.nfn_epochs) if peer_names else None
         for fold in range(args.folds):
-            runs = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=(i == 0), lever=lever)
-                    for i, model in enumerate(filter(None, args.models.split(",")))]
-            per_fold.append(test_predictions(cat, runs) if runs else
-                            baseline_predictions(cat, args.folds, fold, args.seed))
+            # every run fits the baselines: a metanetwork's answer is blended with them (jobs.stacking)
+            runs = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=True, lever=lever)
+                    for model in filter(None, args.models.split(","))]
+            per_fold.append(with_statistics_mean(test_predictions(cat, runs) if runs else
+                                                 baseline_predictions(cat, args.folds, fold, args.seed)))
             if peers is not None:
                 per_fold[-1].update(peer_test_predictions(cat, peers.fold(args.folds, fold), args.folds, fold))
         table = summarise(kind, per_fold, args.resamples)

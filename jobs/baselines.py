@@ -1,29 +1,25 @@
-"""Baselines run beside NG-GNN on the same split.
+"""The features and learners of the tabular predictors (jobs.tabular): what StatNN and the flat
+MLP read from the catalog, and how a scikit-learn learner is tuned on validation.
 
 - StatNN (Unterthiner et al., 2020): statistics of weights and biases (mean, variance, quantiles
   0/25/50/75/100) by layer index and by position (first, middle, last) and of the norm layers'
-  weights, computed in DuckDB, not in a Python loop over models. Two learners, each with its
-  hyperparameters chosen on the validation split (Kendall tau for regression, accuracy for
-  classification) as carefully as NG-GNN's early stopping: gradient boosting (``statnn``) and, as
-  the paper ran it, an MLP (``statnn_mlp``) whose feature scaler (standard or quantile-to-normal)
-  is chosen on validation too; regression predictions are clipped to the training targets' range.
-  Where the selection holds more than one architecture, shape descriptors join the statistics
-  (parameter count, depth, widths, kernel sizes, norm and residual layers, activations): a
-  baseline must see what NG-GNN sees.
-- Flat-weights MLP: every weight and bias of a model in one vector; only defined where models
-  share one shape, so it runs on the models of the most common shape of the selection; its hidden sizes
-  and weight decay chosen on the validation split like StatNN's (``fit_tuned``).
+  weights, computed in DuckDB, not in a Python loop over models; shape descriptors (parameter
+  count, depth, widths, kernel sizes, norm and residual layers, activations) where a selection
+  holds more than one architecture: a baseline must see what NG-GNN sees.
+- Flat weights: every weight and bias of a model in one vector, for models of one shape.
+- Learners: gradient boosting or an MLP (its feature scaler, standard or quantile-to-normal, chosen
+  too), hyperparameters chosen on the validation split (Kendall tau for regression, accuracy for
+  classification) as carefully as NG-GNN's early stopping; regression predictions clipped to the
+  training targets' range.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from jobs.data import Selection
 from jobs.tasks import task_named
 from pipeline.neural_graph.vocabulary import UNIT_RELATIONS
 
@@ -141,14 +137,12 @@ SHAPE_QUERY = (
     "JOIN layers l USING (model_id) GROUP BY ALL")
 
 
-def shape_features(con, model_ids: Sequence[str]) -> np.ndarray:
-    """(n_models, k) architecture descriptors: log parameter count, layers, operations, log neurons,
-    kernel size, norm and residual layers, mean / max / min width, and one column per activation."""
-    cur = con.cursor()
-    cur.register("_sel", pa.table({"model_id": pa.array(list(model_ids), pa.string())}))
-    rows = {r[0]: r[1:] for r in cur.execute(SHAPE_QUERY).fetchall()}
-    cur.close()
-    acts = sorted({a for r in rows.values() for a in (r[-1] or "").split(",") if a and a != "identity"})
+def shape_features(con, model_ids: Sequence[str], activations: Sequence[str] | None = None) -> np.ndarray:
+    """(n_models, 11 + len(activations)) architecture descriptors: log parameter count, layers,
+    operations, log neurons, kernel size, norm and residual layers, mean / max / min width, and one
+    column per activation (``activations``: default, those the models use but identity)."""
+    rows = _shape_rows(con, model_ids)
+    acts = shape_activations(rows.values()) if activations is None else list(activations)
     out = np.full((len(model_ids), 11 + len(acts)), np.nan)
     for i, m in enumerate(model_ids):
         if m in rows:
@@ -158,23 +152,22 @@ def shape_features(con, model_ids: Sequence[str]) -> np.ndarray:
     return out
 
 
-@dataclass
-class BaselineResult:
-    name: str
-    predictions: np.ndarray          # for every selected model (NaN / -1 where not applicable)
-    applicable: np.ndarray           # bool mask
-    note: str = ""
-    estimator: object = None         # the fitted model, to score other inputs (e.g. rescaled models)
-    columns: np.ndarray | None = None   # the feature columns it was fitted on
-    shape: np.ndarray | None = None     # shape descriptors of every selected model (appended to the statistics)
+def _shape_rows(con, model_ids: Sequence[str]) -> dict[str, tuple]:
+    cur = con.cursor()
+    cur.register("_sel", pa.table({"model_id": pa.array(list(model_ids), pa.string())}))
+    rows = {r[0]: r[1:] for r in cur.execute(SHAPE_QUERY).fetchall()}
+    cur.close()
+    return rows
 
-    def features_of_graphs(self, graphs: Sequence, rows: np.ndarray) -> np.ndarray:
-        """The estimator's inputs for in-memory graphs of the selected models ``rows`` (e.g. rescaled
-        test models: their statistics change, their shape does not)."""
-        x = statnn_features_of_graphs(graphs)
-        if self.shape is not None:
-            x = np.hstack([x, self.shape[rows]])
-        return x[:, self.columns]
+
+def shape_activations(rows) -> list[str]:
+    """The activations named in ``_shape_rows`` values, identity aside, sorted."""
+    return sorted({a for r in rows for a in (r[-1] or "").split(",") if a and a != "identity"})
+
+
+def model_activations(con, model_ids: Sequence[str]) -> list[str]:
+    """The activations the models use (identity aside): the activation columns of ``shape_features``."""
+    return shape_activations(_shape_rows(con, model_ids).values())
 
 
 GBT_GRID = [{"learning_rate": lr, "max_leaf_nodes": leaves, "l2_regularization": l2}
@@ -236,35 +229,6 @@ def _val_score(task: str, y: np.ndarray, p: np.ndarray) -> float:
     return score if math.isfinite(score) else -1.0
 
 
-def statnn_inputs(con, sel: Selection, shape: bool | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """The per-layer statistics of the selected models (by index only where every model has the same
-    parameter shapes) and, with ``shape`` (default: when the selection holds more than one
-    architecture), their shape descriptors; computed once, shared by every StatNN learner of a run."""
-    shape = len(set(sel.architectures)) > 1 if shape is None else shape
-    stats = statnn_features(con, sel.model_ids)
-    if len(set(parameter_shapes(con, sel.model_ids))) == 1:
-        # one parameter shape: the position and norm slots repeat index slots, which costs the MLP tau
-        # (dev zoo cnn-fixed, 3 folds: 0.583 without them, 0.556 with); learners drop empty columns
-        stats[:, ~INDEX_COLUMNS] = np.nan
-    return stats, (shape_features(con, sel.model_ids) if shape else None)
-
-
-def run_statnn(con, sel: Selection, seed: int = 0, learner: str = "gbt", shape: bool | None = None,
-               inputs: tuple[np.ndarray, np.ndarray | None] | None = None) -> BaselineResult:
-    """StatNN with ``learner`` (gbt | mlp), hyperparameters chosen on the validation split, then fitted
-    on the training split. ``shape``: append shape descriptors (default: when the selection holds
-    more than one architecture); ``inputs``: ``statnn_inputs`` already computed."""
-    stats, shp = inputs if inputs is not None else statnn_inputs(con, sel, shape)
-    shape = shp is not None
-    x = stats if shp is None else np.hstack([stats, shp])
-    est, columns, best = fit_tuned(x, sel.targets, sel.mask("train"), sel.mask("val"), sel.task, learner, seed)
-    name = "statnn" if learner == "gbt" else f"statnn_{learner}"
-    return BaselineResult(name, est.predict(x[:, columns]).astype(np.float64), np.ones(len(x), bool), estimator=est,
-                          columns=columns, shape=shp,
-                          note=("with shape descriptors; " if shape else "") + "chosen on val: "
-                          + ", ".join(f"{k}={v}" for k, v in best.items()))
-
-
 def fit_tuned(x: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray, task: str, learner: str = "gbt",
               seed: int = 0, grid: list[dict] | None = None) -> tuple[object, np.ndarray, dict]:
     """A ``learner`` (gbt | mlp) with its hyperparameters chosen on the validation rows (Kendall tau
@@ -280,8 +244,6 @@ def fit_tuned(x: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray, 
     """
     import warnings
 
-    from sklearn.exceptions import ConvergenceWarning
-
     # columns that (almost) no training model has, or that never vary, carry no signal and break the binning
     xt = x[train]
     with warnings.catch_warnings():
@@ -290,22 +252,27 @@ def fit_tuned(x: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray, 
     columns = (np.isfinite(xt).sum(0) >= 2) & varies
     x = x[:, columns]
     grid = grid or (GBT_GRID if learner == "gbt" else MLP_GRID)
-    numeric = task_named(task).numeric
-
-    def fit(params):
-        est = _estimator(learner, task, params, int(train.sum()), seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            est.fit(x[train], y[train])
-        return Clipped(est, np.min(y[train]), np.max(y[train])) if numeric else est
-
     best, best_score = grid[0], -np.inf
     if len(grid) > 1 and val.sum() >= 2:
         for params in grid:
-            score = _val_score(task, y[val], fit(params).predict(x[val]))
+            score = _val_score(task, y[val], fit_params(x[train], y[train], task, learner, params, seed).predict(x[val]))
             if score > best_score:
                 best, best_score = params, score
-    return fit(best), columns, best
+    return fit_params(x[train], y[train], task, learner, best, seed), columns, best
+
+
+def fit_params(x: np.ndarray, y: np.ndarray, task: str, learner: str, params: dict, seed: int):
+    """A ``learner`` with these hyperparameters fitted on all rows of ``x``; regressors clipped to
+    the range of ``y``. Deterministic given ``seed``: a saved run refits it (jobs.tabular)."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    est = _estimator(learner, task, params, len(y), seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(x, y)
+    return Clipped(est, np.min(y), np.max(y)) if task_named(task).numeric else est
 
 
 def flat_weights(con, model_ids: Sequence[str]) -> np.ndarray:
@@ -339,28 +306,3 @@ def parameter_shapes(con, model_ids: Sequence[str]) -> list[str]:
     rows = dict(cur.execute(SHAPES_QUERY).fetchall())
     cur.close()
     return [rows.get(m) or "" for m in model_ids]
-
-
-def run_flat_mlp(con, sel: Selection, seed: int = 0) -> BaselineResult:
-    """The flat-weights MLP on the models of the most common parameter shapes of the selection (all
-    of a fixed-architecture zoo, whatever their activations), its hidden sizes and weight decay
-    chosen on the validation split (``FLAT_GRID``, ``fit_tuned``)."""
-    archs = np.array(parameter_shapes(con, sel.model_ids))
-    values, counts = np.unique(archs[sel.mask("train")], return_counts=True)
-    preds = np.full(len(sel.model_ids), np.nan)
-    if len(values) == 0:
-        return BaselineResult("flat_mlp", preds, np.zeros(len(preds), bool), "no training models")
-    arch = values[np.argmax(counts)]
-    mask = archs == arch
-    idx = np.nonzero(mask)[0]
-    train = sel.mask("train")[idx]
-    if train.sum() < 5:
-        return BaselineResult("flat_mlp", preds, np.zeros(len(preds), bool),
-                              f"only {int(train.sum())} training models share one parameter shape")
-    x = flat_weights(con, [sel.model_ids[i] for i in idx]).astype(np.float64)
-    est, columns, best = fit_tuned(x, sel.targets[idx], train, sel.mask("val")[idx], sel.task, "mlp", seed,
-                                   grid=FLAT_GRID)
-    preds[idx] = est.predict(x[:, columns])
-    note = (f"one parameter shape: {int(mask.sum())} of {len(mask)} models; chosen on val: "
-            + ", ".join(f"{k}={v}" for k, v in best.items()))
-    return BaselineResult("flat_mlp", preds, mask, note)

@@ -9,6 +9,7 @@ import click
 
 from graphstore.options import existing_catalog, open_store_from_options, optional_store, store_options
 from jobs.metanets import ATTENTION_GROUPS, METANETWORKS
+from jobs.predictors import PREDICTORS, help_text
 from zoocore.cli import catalog_option, format_rows, translate_errors
 
 
@@ -92,7 +93,8 @@ def _device_option(fn):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--loader-workers", type=click.IntRange(min=1), default=2, show_default=True,
               help="Threads that stream graphs from DuckDB ahead of the trainer.")
-@click.option("--no-baselines", is_flag=True, help="Skip StatNN and the flat-weights MLP.")
+@click.option("--no-baselines", is_flag=True,
+              help="Skip the tabular predictors (StatNN, the flat-weights MLP) beside the run's own.")
 @click.option("--canonical", is_flag=True,
               help="Feed NG-GNN scale-canonicalised graphs: every rescalable hidden neuron gets unit-norm incoming "
                    "weights (and a positive sum where signs may flip), the factor pushed forward; one graph per "
@@ -115,9 +117,13 @@ def _device_option(fn):
 @click.option("--rescale-test", type=float, multiple=True, metavar="MAX",
               help="Also score NG-GNN and StatNN on function-preserving random rescalings U[1, MAX] of the test "
                    "models (rows '<method>@xMAX' beside the clean ones). Repeat for several MAX.")
-@click.option("--model", "metanet", type=click.Choice(list(METANETWORKS)), default="ngnn", show_default=True,
-              help="The metanetwork: ngnn (relational PNA message passing) or ngt (relational-attention "
-                   "transformer); `jobs predict` reads it from the run.")
+@click.option("--model", "metanet", type=click.Choice(list(PREDICTORS)), default="ngnn", show_default=True,
+              help="The predictor whose answer the run gives (`jobs predict` rebuilds it from the run): "
+                   + help_text() + ".")
+@click.option("--stack/--no-stack", default=True, show_default=True,
+              help="Regression with a metanetwork: the run's answer is w * metanetwork + (1 - w) * the mean of "
+                   "StatNN's two learners, w in 0, 0.1, ..., 1 chosen on validation (the row "
+                   "'ngnn+statnn+statnn_mlp'); needs the baselines.")
 @click.option("--attention-groups", type=click.Choice(list(ATTENTION_GROUPS)), default="all",
               show_default=True,
               help="NG-T: what one attention softmax runs over: all of a neuron's edges, its in-edges and its "
@@ -144,10 +150,11 @@ def _device_option(fn):
 def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold, epochs, batch_size, lr, hidden,
                         layers, probes, ensemble, patience, rank_weight, calibrate, calibration, seed, loader_workers,
                         no_baselines, canonical, bn_stats, scale_augment, weight_noise, weight_dropout, fourier,
-                        rescale_test, metanet, attention_groups, attention_std, relation_values, quasi, quasi_eps,
+                        rescale_test, metanet, stack, attention_groups, attention_std, relation_values, quasi, quasi_eps,
                         readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
-    """Train NG-GNN to predict TARGET from the neural graphs of the selected models, report test
-    metrics beside StatNN and a flat-weights MLP, and write runs / predictions / embeddings.
+    """Train a predictor (default NG-GNN) of TARGET on the selected models, report test metrics
+    beside StatNN and a flat-weights MLP (and, for regression, the blend of the metanetwork with the
+    stronger of them, which is the run's answer), and write runs / predictions / embeddings.
 
     \b
     Data-parallel on several processes, GPUs or machines (gloo on CPU, NCCL with --device cuda):
@@ -164,7 +171,7 @@ def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold,
                       device=device, loader_workers=loader_workers, baselines=not no_baselines, canonical=canonical,
                       bn_stats=bn_stats,
                       scale_augment=scale_augment, rescale_test=rescale_test, quasi=quasi, quasi_eps=quasi_eps,
-                      model=metanet, readout_outputs=readout_outputs, weight_noise=weight_noise,
+                      model=metanet, stack=stack, readout_outputs=readout_outputs, weight_noise=weight_noise,
                       weight_dropout=weight_dropout, fourier=fourier, attention_groups=attention_groups,
                       attention_std=attention_std, relation_values=relation_values)
     main_rank = int(os.environ.get("RANK", "0")) == 0      # under torchrun, rank 0 writes and reports

@@ -55,3 +55,45 @@ def require_run(catalog: Catalog, run_id: str) -> str:
         raise JobError(f"no run {run_id!r} in the catalog's runs (list them with: pipeline sql "
                        "\"SELECT run_id, task, target FROM runs\")")
     return run_id
+
+
+PREDICTOR_FORMAT = "zoograph.predictor/1"
+
+
+def predictor_files(stem: str, predictor) -> dict[str, bytes]:
+    """``{"<stem>.json", "<stem>.safetensors"}`` of a fitted tabular predictor (jobs.tabular): its
+    JSON state and its training rows; ``read_predictor`` refits it from them."""
+    import json
+
+    from safetensors.numpy import save
+
+    state, arrays = predictor.save()
+    return {f"{stem}.json": json.dumps({"format": PREDICTOR_FORMAT, **state}, indent=1).encode(),
+            f"{stem}.safetensors": save(arrays)}
+
+
+def read_predictor(catalog: Catalog, run_id: str, stem: str):
+    """The tabular predictor saved as ``stem`` in a run's artifacts, refitted; None when the run
+    saved none under that name."""
+    import json
+
+    from jobs.predictors import entry, predictor_class
+
+    raw = catalog.read_artifact(run_id, f"{stem}.json")
+    if raw is None:
+        return None
+    where = f"run {run_id}: {stem}"
+    try:
+        state = json.loads(raw)
+        if not isinstance(state, dict) or state.get("format") != PREDICTOR_FORMAT:
+            raise ValueError(f"not a {PREDICTOR_FORMAT} file")
+        if entry(state["name"]).family != "tabular":
+            raise ValueError(f"{state['name']!r} is not a tabular predictor")
+        data = catalog.read_artifact(run_id, f"{stem}.safetensors")
+        if data is None:
+            raise ValueError(f"{stem}.safetensors is missing")
+        from safetensors.numpy import load
+
+        return predictor_class(state["name"]).load(state, load(data))
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise JobError(f"cannot read the predictor of {where}: {str(exc).splitlines()[0][:200]}") from exc

@@ -8,34 +8,32 @@ metanetwork to ``CATALOG/artifacts/RUN_ID/``, and ``predicted_<target>`` to the 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
-from typing import Any
+from dataclasses import asdict, dataclass, fields
 
 import dgl
 import numpy as np
-import pyarrow as pa
 import torch
 from tqdm import tqdm
 
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
-from graphstore.schema import EMBEDDINGS, PREDICTIONS, RUNS
 from jobs.augment import augmenter
-from jobs.baselines import run_flat_mlp, run_statnn, statnn_inputs
 from jobs.distributed import (DistContext, barrier, broadcast, gather_rows, init_from_env, local_batch_size,
                               shard)
 from jobs.data import (GraphList, GraphStream, LayerStats, Selection, layer_stats, layer_stats_of_graphs,
                        select_models)
 from jobs.manifest import RunManifest
+from jobs.runs import PredictReport, RunReport, write_back, write_run
 from jobs.metanets import build_metanetwork
 from jobs.ngnn import NGGNN, NGGNNConfig
+from jobs.predictors import entry, names as predictor_names
 from jobs.probes import check_probe_graph
-from jobs.run_weights import read_weights, require_run, weights_files
+from jobs.run_weights import predictor_files, read_predictor, read_weights, require_run, weights_files
+from jobs.stacking import Stack, read_stack, stack_with_statistics
+from jobs.tabular import fit_all
 from jobs.tasks import CALIBRATIONS, TargetScale, Task, task_named
 from zoocore.errors import JobError
 
@@ -79,14 +77,16 @@ class OptimConfig:
     seed: int = 0
     device: str = "cpu"
     max_train_batches: int | None = None   # cap per epoch (smoke runs); None = all
-    baselines: bool = True
+    baselines: bool = True             # the tabular predictors (jobs.predictors) beside the metanetwork
+    stack: bool = True                 # regression: the run's answer blends the metanetwork with the mean of StatNN's
+                                       # learners, the weight chosen on validation (jobs.stacking); needs baselines
 
 
 @dataclass
 class ModelConfig:
     """The metanetwork (jobs.metanets) and its sizes; with the selection's edge types, kernel frame
     and output size it becomes an NGGNNConfig (``metanet_config``)."""
-    model: str = "ngnn"                # the metanetwork (jobs.metanets): ngnn | ngt
+    model: str = "ngnn"                # the predictor (jobs.predictors): a metanetwork (ngnn | ngt) or a tabular one
     hidden: int = 64
     edge_hidden: int = 32
     layers: int = 3
@@ -119,35 +119,6 @@ def metanet_config(model: ModelConfig, etypes, frame: tuple[int, int], out_dim: 
                        readout_outputs=model.readout_outputs, fourier=model.fourier,
                        attention_groups=model.attention_groups, attention_std=model.attention_std,
                        relation_values=model.relation_values)
-
-
-@dataclass
-class RunReport:
-    run_id: str
-    task: str
-    target: str
-    metrics: dict[str, dict[str, Any]]
-    n_models: dict[str, int]
-    seconds: float
-    epochs_run: int
-    store_warning: str | None = None
-    artifact: Path | None = None
-    history: list[dict[str, float]] = field(default_factory=list)
-
-    def summary(self) -> str:
-        lines = [f"run {self.run_id}: {self.task} of {self.target!r} on {self.n_models['train']} train / "
-                 f"{self.n_models['val']} val / {self.n_models['test']} test models "
-                 f"({self.epochs_run} epochs, {self.seconds:.0f}s)"]
-        keys = task_named(self.task).metric_keys
-        lines.append(f"  {'method':10s} " + " ".join(f"{k:>12s}" for k in keys) + "   (test split)")
-        for method, m in self.metrics.items():
-            cells = " ".join(f"{m.get(k, float('nan')):12.4f}" if isinstance(m.get(k), (int, float))
-                             else f"{'n/a':>12s}" for k in keys)
-            note = f"   {m['note']}" if m.get("note") else ""
-            lines.append(f"  {method:10s} {cells}{note}")
-        if self.store_warning:
-            lines.append(f"  graph store not updated: {self.store_warning} (run `graphstore sync` later)")
-        return "\n".join(lines)
 
 
 def metrics_for(task: str, y: np.ndarray, p: np.ndarray) -> dict[str, float]:
@@ -239,15 +210,8 @@ def infer_ensemble(models: list[NGGNN], stream: GraphStream, indices, batch_size
     return task.combine(list(outs)), np.concatenate(embs, axis=1)
 
 
-def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progress: bool = True) -> RunReport:
-    """Train NG-GNN on the catalog's selected models; see the module docstring."""
-    started = time.perf_counter()
-    catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
-    torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    ctx, device = init_from_env(cfg.device)
-    progress = progress and ctx.is_main
-    con = duck.connect(catalog)
+def _selection(con, catalog: Catalog, cfg: DataConfig) -> tuple[Selection, dict[str, int], Task]:
+    """The run's models and split, checked: enough to train and test, targets the task can learn."""
     sel = select_models(con, cfg.target, cfg.where, cfg.task, cfg.split_column, catalog=catalog,
                         folds=(cfg.folds, cfg.fold) if cfg.folds else None)
     counts = {s: int(sel.mask(s).sum()) for s in ("train", "val", "test")}
@@ -255,6 +219,25 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         raise JobError(f"too few models to train and test: {counts}")
     task = task_named(sel.task)
     task.check_training(sel.targets[sel.mask("train")], sel.classes, sel.target)
+    return sel, counts, task
+
+
+def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progress: bool = True) -> RunReport:
+    """Train the predictor ``cfg.model`` on the catalog's selected models; see the module docstring."""
+    started = time.perf_counter()
+    catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
+    try:
+        family = entry(cfg.model).family
+    except ValueError as exc:
+        raise JobError(str(exc)) from None
+    if family == "tabular":
+        return train_tabular(catalog, cfg, store)
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    ctx, device = init_from_env(cfg.device)
+    progress = progress and ctx.is_main
+    con = duck.connect(catalog)
+    sel, counts, task = _selection(con, catalog, cfg)
     if cfg.calibration not in CALIBRATIONS:
         raise JobError(f"--calibration {cfg.calibration!r}: one of {', '.join(CALIBRATIONS)}")
     if cfg.rank_weight < 0:
@@ -305,31 +288,66 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         barrier(ctx)
         return RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
                          history=history)
-    baselines_of = {}
-    if cfg.baselines:
-        inputs = statnn_inputs(con, sel)        # the statistics are read once for both learners
-        for base in (run_statnn(con, sel, cfg.seed, inputs=inputs),
-                     run_statnn(con, sel, cfg.seed, learner="mlp", inputs=inputs), run_flat_mlp(con, sel, cfg.seed)):
-            baselines_of[base.name] = base
-            results[base.name] = base.predictions
-            mask = test & base.applicable
-            metrics[base.name] = {**task.metrics(sel.targets[mask], base.predictions[mask]),
-                                  **({"note": base.note} if base.note else {})}
+    fitted = fit_all(con, sel, predictor_names("tabular"), cfg.seed) if cfg.baselines else {}
+    for name, (_, base) in fitted.items():
+        results[name] = base.predictions
+        mask = test & base.applicable
+        metrics[name] = {**task.metrics(sel.targets[mask], base.predictions[mask]),
+                         **({"note": base.note} if base.note else {})}
+    stack = stack_with_statistics(task, sel, cfg.model, pred, fitted) if cfg.stack else None
+    answer = cfg.model
+    if stack is not None:
+        answer = stack.name
+        results = {answer: stack.predictions, **results}
+        metrics = {answer: {**task.metrics(sel.targets[test], stack.predictions[test]), "note": stack.note}, **metrics}
     for max_scale in cfg.rescale_test:
         metrics.update(score_rescaled(con, models, sel, stats, scale, cfg, device, max_scale,
-                                      baselines_of.get("statnn")))
+                                      [p for p, r in fitted.values() if r.applicable.all()]))
     con.close()
-    artifact = save_metanetwork(catalog, run_id, models, sel, stats, scale, cfg)
+    artifact = save_metanetwork(catalog, run_id, models, sel, stats, scale, cfg, stack)
     report = RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
                        artifact=artifact, history=history)
     write_run(catalog, run_id, {**asdict(cfg), "world_size": ctx.world}, sel, results, emb, metrics, artifact,
-              method=cfg.model)
+              method=answer)
     if store is not None:
         try:
-            write_back(catalog, store, sel, pred, run_id)
+            write_back(catalog, store, sel, results[answer], run_id)
         except Exception as exc:
             report.store_warning = str(exc).splitlines()[0]
     barrier(ctx)
+    return report
+
+
+def train_tabular(catalog: Catalog, cfg: TrainConfig, store=None) -> RunReport:
+    """A run whose answer is the tabular predictor ``cfg.model`` (jobs.tabular), with the other
+    tabular predictors beside it when ``cfg.baselines``; saved so that ``jobs predict`` refits it."""
+    started = time.perf_counter()
+    con = duck.connect(catalog)
+    try:
+        sel, counts, task = _selection(con, catalog, cfg)
+        names = [cfg.model] + ([n for n in predictor_names("tabular") if n != cfg.model] if cfg.baselines else [])
+        fitted = fit_all(con, sel, names, cfg.seed)
+    finally:
+        con.close()
+    predictor, answer = fitted[cfg.model]
+    if not answer.applicable.any():
+        raise JobError(f"{cfg.model} cannot be fitted on this selection: {answer.note}")
+    test = sel.mask("test")
+    results = {name: r.predictions for name, (_, r) in fitted.items()}
+    metrics = {name: {**task.metrics(sel.targets[test & r.applicable], r.predictions[test & r.applicable]),
+                      **({"note": r.note} if r.note else {})} for name, (_, r) in fitted.items()}
+    run_id = f"run-{now_utc():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    catalog.commit_artifacts(run_id, predictor_files("predictor", predictor))
+    artifact = catalog.location("artifacts", run_id)
+    report = RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, 0,
+                       artifact=artifact)
+    write_run(catalog, run_id, asdict(cfg), sel, results, np.zeros((len(sel.model_ids), 0), np.float32), metrics,
+              artifact, method=cfg.model)
+    if store is not None:
+        try:
+            write_back(catalog, store, sel, answer.predictions, run_id)
+        except Exception as exc:
+            report.store_warning = str(exc).splitlines()[0]
     return report
 
 
@@ -405,9 +423,9 @@ def rescaled_test_graphs(con, ids, max_scale: float, seed: int) -> list:
 
 
 def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, scale: TargetScale,
-                   cfg: TrainConfig, device, max_scale: float, statnn=None) -> dict[str, dict]:
-    """Test metrics of NG-GNN (and of the fitted StatNN) on rescaled copies U[1, max_scale] of the test
-    models: ``{"ngnn@xMAX": ..., "statnn@xMAX": ...}``."""
+                   cfg: TrainConfig, device, max_scale: float, baselines=()) -> dict[str, dict]:
+    """Test metrics of the metanetwork (and of the fitted ``baselines`` that read in-memory graphs)
+    on rescaled copies U[1, max_scale] of the test models: ``{"ngnn@xMAX": ..., "statnn@xMAX": ...}``."""
     test_idx = np.nonzero(sel.mask("test"))[0]
     ids = [sel.model_ids[i] for i in test_idx]
     graphs = rescaled_test_graphs(con, ids, max_scale, cfg.seed)
@@ -424,61 +442,25 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     task = task_named(sel.task)
     out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, task)
     metrics = {cfg.model + tag: task.metrics(y, task.decode(out, scale))}
-    if statnn is not None and statnn.estimator is not None:
-        x = statnn.features_of_graphs(graphs, test_idx)
-        metrics["statnn" + tag] = task.metrics(y, statnn.estimator.predict(x).astype(np.float64))
+    for base in baselines:
+        if hasattr(base, "features_of_graphs"):       # predictors that can read in-memory graphs (StatNN)
+            metrics[base.name + tag] = task.metrics(y, base.predict_features(base.features_of_graphs(con, ids, graphs)))
     return metrics
 
 
-def write_back(catalog, store, sel: Selection, pred: np.ndarray, run_id: str) -> None:
-    """Predictions into the graph store, after writing any of the run's models the store lacks
-    (a lost ingest write), so that no prediction is silently dropped."""
-    from graphstore.sync import reconcile_models
-
-    reconcile_models(catalog, store, sel.model_ids)
-    values = task_named(sel.task).store_values(pred, sel.classes)
-    store.write_predictions(sel.target, zip(sel.model_ids, values), run_id)
-
-
-def write_run(catalog: Catalog, run_id: str, cfg: TrainConfig | dict, sel: Selection, results: dict[str, np.ndarray],
-              emb: np.ndarray, metrics: dict, artifact: Path | None, splits: np.ndarray | None = None,
-              method: str | None = None) -> None:
-    """The runs, predictions and embeddings relations of one run, committed atomically. ``method``:
-    the predictor whose predictions are the run's answer (what `graphstore sync` writes back), by
-    default the first of ``results``."""
-    config = asdict(cfg) if isinstance(cfg, TrainConfig) else cfg
-    runs = pa.table({"run_id": [run_id], "task": [sel.task], "target": [sel.target],
-                     "where_sql": [config.get("where")], "config_json": [json.dumps(config, default=str)],
-                     "metrics_json": [json.dumps(metrics)], "model_path": [str(artifact) if artifact else None],
-                     "created_at": [now_utc()], "method": [method or next(iter(results), None)]}, schema=RUNS)
-    splits = sel.splits if splits is None else splits
-    cols: dict[str, list] = {k: [] for k in PREDICTIONS.names}
-    task = task_named(sel.task)
-    for method, values in results.items():
-        for mid, split, v, lab in zip(sel.model_ids, splits, task.numbers(values), task.labels(values, sel.classes)):
-            for k, val in (("run_id", run_id), ("model_id", mid), ("split", str(split)), ("target", sel.target),
-                           ("predicted", v), ("predicted_label", lab),
-                           ("method", method)):
-                cols[k].append(val)
-    preds = pa.table(cols, schema=PREDICTIONS)
-    flat = pa.array(emb.astype(np.float32).reshape(-1))
-    offsets = pa.array(np.arange(0, emb.size + 1, emb.shape[1] if emb.ndim == 2 and emb.shape[1] else 1,
-                                 dtype=np.int32))
-    embeddings = pa.table({"run_id": [run_id] * len(sel.model_ids), "model_id": sel.model_ids,
-                           "vector": pa.ListArray.from_arrays(offsets, flat)}, schema=EMBEDDINGS)
-    catalog.commit_results(run_id, {"runs": runs, "predictions": preds, "embeddings": embeddings})
-
-
 def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Selection, stats: LayerStats,
-                     scale: TargetScale, cfg: TrainConfig):
-    """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.safetensors`` state dict per member and
-    ``metanet.json``, committed as one folder (a crash leaves all of them or none)."""
+                     scale: TargetScale, cfg: TrainConfig, stack: Stack | None = None):
+    """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.safetensors`` state dict per member,
+    ``metanet.json`` and the blend with a baseline (jobs.stacking) if the run made one, committed as
+    one folder (a crash leaves all of them or none)."""
     manifest = RunManifest(model=models[0].cfg, stats=stats, task=sel.task, target=sel.target, frame=tuple(sel.frame),
                            scale=scale, classes=list(sel.classes), members=len(models), train=asdict(cfg))
     files = {}
     for k, model in enumerate(models):
         files.update(weights_files(f"metanet-{k}", model.state_dict()))
     files["metanet.json"] = manifest.to_json()
+    if stack is not None:
+        files.update(stack.files())
     catalog.commit_artifacts(run_id, files)
     return catalog.location("artifacts", run_id)
 
@@ -498,23 +480,18 @@ def load_metanetwork(catalog: Catalog, run_id: str, device: str = "cpu") -> tupl
     return models, manifest
 
 
-@dataclass
-class PredictReport:
-    run_id: str
-    n: int
-    target: str
-    metrics: dict[str, float]
-
-    def summary(self) -> str:
-        m = ", ".join(f"{k}={v:.4f}" for k, v in self.metrics.items() if isinstance(v, float))
-        return f"predicted {self.target!r} for {self.n} models with run {self.run_id}" + (f" ({m} where known)" if m else "")
-
-
 def predict(catalog: Catalog | str, run_id: str, where: str | None = None, device: str = "cpu", store=None,
             batch_size: int = 64) -> PredictReport:
-    """Apply a trained metanetwork to the models matching ``where`` (targets need not be known)."""
+    """Apply a run's trained predictor to the models matching ``where`` (targets need not be known):
+    its metanetwork (blended with its baseline when the run blended them) or its tabular predictor."""
     catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
+    require_run(catalog, run_id)
+    if catalog.read_artifact(run_id, "metanet.json") is None:
+        tabular = read_predictor(catalog, run_id, "predictor")
+        if tabular is not None:
+            return _predict_tabular(catalog, run_id, tabular, where, store)
     models, manifest = load_metanetwork(catalog, run_id, device)
+    stack = read_stack(catalog, run_id)
     model, task = models[0], manifest.task_kind
     con = duck.connect(catalog)
     sel = select_models(con, manifest.target, where, manifest.task, classes=manifest.classes or None,
@@ -531,14 +508,37 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     stream = GraphStream(con, sel, manifest.stats, raw=bool(model.cfg.probes),
                          prepare=preparation(manifest.train.get("canonical", False), manifest.train.get("bn_stats", False)))
     out, emb = infer_ensemble(models, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device), task)
-    pred = task.decode(out, manifest.scale)
-    known = task.known(sel.targets)
-    metrics = task.metrics(sel.targets[known], pred[known]) if known.sum() >= 2 else {}
-    con.close()
-    new_run = f"{run_id}-predict-{uuid.uuid4().hex[:6]}"
     kind = manifest.model.kind
-    write_run(catalog, new_run, {"where": where, "source_run": run_id}, sel, {kind: pred}, emb,
-              {kind: metrics}, catalog.location("artifacts", run_id), splits=np.array(["predict"] * len(sel.model_ids)))
+    results = {kind: task.decode(out, manifest.scale)}
+    if stack is not None:
+        results = {**stack.predict(con, sel.model_ids, results[kind]), **results}
+    con.close()
+    return _write_predictions(catalog, run_id, where, sel, results, emb, store)
+
+
+def _predict_tabular(catalog: Catalog, run_id: str, predictor, where: str | None, store) -> PredictReport:
+    con = duck.connect(catalog)
+    try:
+        sel = select_models(con, predictor.target, where, predictor.task, classes=predictor.classes or None,
+                            require_target=False, catalog=catalog)
+        pred, _ = predictor.predict(con, sel.model_ids)
+    finally:
+        con.close()
+    return _write_predictions(catalog, run_id, where, sel, {predictor.name: pred},
+                              np.zeros((len(sel.model_ids), 0), np.float32), store)
+
+
+def _write_predictions(catalog: Catalog, run_id: str, where, sel: Selection, results: dict[str, np.ndarray],
+                       emb: np.ndarray, store) -> PredictReport:
+    """A prediction run's rows (the first of ``results`` is its answer), and the answer into the store."""
+    task = task_named(sel.task)
+    method, pred = next(iter(results.items()))
+    known = task.known(sel.targets)
+    metrics = {m: (task.metrics(sel.targets[known & np.isfinite(p)], p[known & np.isfinite(p)])
+                   if (known & np.isfinite(p)).sum() >= 2 else {}) for m, p in results.items()}
+    new_run = f"{run_id}-predict-{uuid.uuid4().hex[:6]}"
+    write_run(catalog, new_run, {"where": where, "source_run": run_id}, sel, results, emb, metrics,
+              catalog.location("artifacts", run_id), splits=np.array(["predict"] * len(sel.model_ids)), method=method)
     if store is not None:
         write_back(catalog, store, sel, pred, run_id)
-    return PredictReport(run_id, len(sel.model_ids), sel.target, metrics)
+    return PredictReport(run_id, len(sel.model_ids), sel.target, metrics[method])

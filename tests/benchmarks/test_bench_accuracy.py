@@ -41,3 +41,10 @@ def test_levers_are_trainconfig_fields_typed_or_refused():
         assert "one of:" in str(exc) and "layers" in str(exc)
     else:
         raise AssertionError("an unknown field was taken")
+
+
+def test_the_statistics_mean_joins_each_fold_on_the_models_both_learners_scored():
+    fold = {"statnn": {"a": (0.5, 0.2), "b": (0.7, 0.4)}, "statnn_mlp": {"a": (0.5, 0.4), "c": (0.1, 0.1)},
+            "ngnn": {"a": (0.5, 0.9)}}
+    out = bench_accuracy.with_statistics_mean(fold)
+    assert out["statnn_avg"] == {"a": (0.5, 0.30000000000000004)} and out["ngnn"] == fold["ngnn"]

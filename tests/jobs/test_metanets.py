@@ -16,11 +16,13 @@ def test_every_registered_kind_builds_a_metanetwork_of_that_kind(kind):
     assert model.cfg.kind == kind
 
 
-def test_the_cli_offers_the_registered_kinds():
+def test_the_cli_offers_every_registered_predictor():
     from jobs.cli import train_heterognn_cmd
+    from jobs.predictors import PREDICTORS
 
     choice = next(p for p in train_heterognn_cmd.params if p.name == "metanet").type
-    assert list(choice.choices) == list(METANETWORKS)
+    assert list(choice.choices) == list(PREDICTORS)
+    assert set(METANETWORKS) == {n for n, e in PREDICTORS.items() if e.family == "metanetwork"} == {"ngnn", "ngt"}
 
 
 def test_an_unknown_kind_is_refused_with_the_known_ones():

@@ -29,7 +29,8 @@ def test_sql_and_in_memory_statistics_agree_and_statnn_stays_in_range(catalog_di
     (index slots, position slots, norm layers), and both StatNN learners predict inside the
     training targets' range (an unclipped MLP once scored R^2 -48 on a zoo it had not seen)."""
     from graphstore import duck
-    from jobs.baselines import run_statnn, statnn_features, statnn_inputs
+    from jobs.baselines import statnn_features
+    from jobs.tabular import fit_all
     from jobs.data import select_models
     from pipeline.neural_graph.convert import convert_checkpoint
 
@@ -42,11 +43,9 @@ def test_sql_and_in_memory_statistics_agree_and_statnn_stays_in_range(catalog_di
         np.testing.assert_allclose(statnn_features_of_graphs(graphs), sql, rtol=1e-5, atol=1e-7)
         assert np.isfinite(sql).sum(1).min() > 2 * 3 * 7          # first, last and more are filled for every model
         sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
-        inputs = statnn_inputs(con, sel)
         low, high = sel.targets[sel.mask("train")].min(), sel.targets[sel.mask("train")].max()
-        for learner in ("gbt", "mlp"):
-            result = run_statnn(con, sel, seed=0, learner=learner, inputs=inputs)
-            assert np.all(np.isfinite(result.predictions)), learner
-            assert result.predictions.min() >= low - 1e-9 and result.predictions.max() <= high + 1e-9, learner
+        for name, (_, result) in fit_all(con, sel, ["statnn", "statnn_mlp"]).items():
+            assert np.all(np.isfinite(result.predictions)), name
+            assert result.predictions.min() >= low - 1e-9 and result.predictions.max() <= high + 1e-9, name
     finally:
         con.close()

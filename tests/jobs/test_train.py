@@ -32,7 +32,7 @@ def trained(tmp_path_factory, catalog_dir):
 
 def test_run_reports_and_writes_results(trained):
     root, report = trained
-    assert set(report.metrics) == {"ngnn", "statnn", "statnn_mlp", "flat_mlp"}
+    assert set(report.metrics) == {"ngnn", "statnn", "statnn_mlp", "flat_mlp", "ngnn+statnn+statnn_mlp"}
     assert report.metrics["ngnn"]["n"] == report.n_models["test"]
     con = duck.connect(root)
     # the reported scores are the scores of the written predictions against the catalog's targets
@@ -63,9 +63,39 @@ def test_predict_applies_the_saved_metanetwork_to_new_models(trained, tmp_path):
     res = predict(root, report.run_id, where="zoo = 'new'")
     assert res.n == 4
     con = duck.connect(root)
-    rows = con.execute("SELECT count(*), count(predicted) FROM predictions WHERE split = 'predict' AND run_id LIKE ?",
+    rows = con.execute("SELECT count(DISTINCT model_id), count(predicted) FROM predictions p JOIN runs r "
+                       "USING (run_id, method) WHERE split = 'predict' AND run_id LIKE ?",
                        [report.run_id + "-predict-%"]).fetchone()
     assert rows == (4, 4)
+    # the run's answer is the blend it saved, rebuilt from the metanetwork and the refitted baseline
+    weight = json.loads(Catalog(root).read_artifact(report.run_id, "stack.json"))["weight"]
+    run_id, method = con.execute("SELECT run_id, method FROM runs WHERE run_id LIKE ?",
+                                 [report.run_id + "-predict-%"]).fetchone()
+    assert method == "ngnn+statnn+statnn_mlp"
+    by = {m: dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = ?",
+                              [run_id, m]).fetchall()) for m in (method, "ngnn", "statnn", "statnn_mlp")}
+    assert len(by[method]) == 4
+    for mid, p in by[method].items():
+        stats = (by["statnn"][mid] + by["statnn_mlp"][mid]) / 2
+        assert p == pytest.approx(weight * by["ngnn"][mid] + (1 - weight) * stats)
+
+
+def test_a_saved_baseline_refits_to_the_same_predictions(trained):
+    """The blend's partner is saved as its training rows and hyperparameters, not pickled: refitted
+    from them it predicts what it predicted when the run was trained."""
+    from jobs.stacking import read_stack
+
+    root, report = trained
+    stack = read_stack(Catalog(root), report.run_id)
+    assert stack.partners == ["statnn", "statnn_mlp"]
+    con = duck.connect(root)
+    for name, predictor in zip(stack.partners, stack.predictors):
+        saved = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = ?",
+                                 [report.run_id, name]).fetchall())
+        ids = sorted(saved)
+        again, ok = predictor.predict(con, ids)
+        assert ok.all()
+        np.testing.assert_allclose(again, [saved[i] for i in ids], rtol=1e-6, err_msg=name)
 
 
 def test_classification_of_the_training_dataset(catalog_copy):
@@ -186,7 +216,7 @@ def test_the_saved_calibration_is_the_validation_fit_and_reaches_predict(tmp_pat
     assert kendall_tau(y, cal) == pytest.approx(kendall_tau(y, raw))
     predict(tmp_path / "cat", report.run_id, where="true")
     con = duck.connect(tmp_path / "cat")          # a new connection sees the new run
-    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE starts_with(run_id, ?)",
+    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE starts_with(run_id, ?) AND method = 'ngnn'",
                              [report.run_id + "-predict-"]).fetchall())
     assert len(again) == len(got) and all(abs(again[m] - v) < 1e-5 for m, _, v, _ in got)
 
@@ -203,6 +233,6 @@ def test_an_ensemble_averages_its_members(catalog_copy):
     mine = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = 'ngnn'",
                             [report.run_id]).fetchall())
     con = duck.connect(catalog_copy)
-    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE starts_with(run_id, ?)",
+    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE starts_with(run_id, ?) AND method = 'ngnn'",
                              [report.run_id + "-predict-"]).fetchall())
     assert res.n == len(mine) and all(abs(again[m] - v) < 1e-5 for m, v in mine.items())

@@ -1,0 +1,63 @@
+"""Everything that maps a model to a prediction, by the name a run records (``runs.method``).
+
+- ``metanetwork``: trained on streamed neural graphs by jobs.train (jobs.metanets builds them).
+- ``tabular``: one feature row per model into a learner tuned on validation (jobs.tabular).
+
+``jobs train-heterognn --model NAME`` trains any of them as the run's answer; the tabular ones
+also run beside every metanetwork as its baselines; ``jobs predict`` rebuilds any of them from
+the run; ``benchmarks/bench_accuracy.py`` iterates over this table. Adding a predictor is one
+class and one entry here. Entries name ``module:class`` so that listing them imports neither
+torch nor DGL (the CLI reads the names).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Entry:
+    family: str          # metanetwork | tabular
+    path: str            # module:class
+    summary: str         # one line for --help
+    stack: bool = False  # a statistics predictor: the mean of these is blended into a metanetwork's answer
+
+
+PREDICTORS = {
+    "ngnn": Entry("metanetwork", "jobs.ngnn:NGGNN", "NG-GNN: relational PNA message passing on the neural graph"),
+    "ngt": Entry("metanetwork", "jobs.ngt:NGT", "NG-T: a relational-attention transformer on the neural graph"),
+    "statnn": Entry("tabular", "jobs.tabular:StatNN", "StatNN: weight statistics into gradient boosting",
+                    stack=True),
+    "statnn_mlp": Entry("tabular", "jobs.tabular:StatNNMLP", "StatNN: weight statistics into an MLP", stack=True),
+    "flat_mlp": Entry("tabular", "jobs.tabular:FlatMLP", "an MLP on all weights (one parameter shape only)"),
+}
+
+
+def names(family: str | None = None) -> list[str]:
+    """The registered names (of one family)."""
+    return [n for n, e in PREDICTORS.items() if family is None or e.family == family]
+
+
+def entry(name: str) -> Entry:
+    try:
+        return PREDICTORS[name]
+    except KeyError:
+        raise ValueError(f"unknown predictor {name!r}; known: {', '.join(PREDICTORS)}") from None
+
+
+def predictor_class(name: str) -> type:
+    """The class registered under ``name``."""
+    module, cls = entry(name).path.split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def tabular_predictor(name: str, seed: int = 0):
+    """A fresh, unfitted tabular predictor (jobs.tabular.TabularPredictor)."""
+    if entry(name).family != "tabular":
+        raise ValueError(f"{name!r} is a {entry(name).family}, not a tabular predictor")
+    return predictor_class(name)(seed)
+
+
+def help_text() -> str:
+    """One line per predictor, for --model's help."""
+    return "; ".join(f"{n}: {e.summary}" for n, e in PREDICTORS.items())

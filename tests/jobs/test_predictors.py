@@ -1,0 +1,104 @@
+"""One registry for everything that maps a model to a prediction: every entry trains as a run's
+answer, saves without pickle, and `jobs predict` rebuilds it."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from graphstore import duck
+from graphstore.catalog import Catalog
+from jobs.predictors import PREDICTORS, entry, names, predictor_class, tabular_predictor
+
+
+def test_every_entry_names_a_class_of_its_family():
+    from jobs.ngnn import NGGNN
+    from jobs.tabular import TabularPredictor
+
+    for name, e in PREDICTORS.items():
+        cls = predictor_class(name)
+        assert issubclass(cls, NGGNN if e.family == "metanetwork" else TabularPredictor), name
+        if e.family == "tabular":
+            assert cls.name == name
+    assert set(names("metanetwork")) | set(names("tabular")) == set(PREDICTORS)
+    with pytest.raises(ValueError, match="unknown predictor 'ridge'"):
+        entry("ridge")
+    with pytest.raises(ValueError, match="not a tabular predictor"):
+        tabular_predictor("ngnn")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n != "statnn" else n
+                                  for n in names("tabular")])      # MLP grids take 8-13 s each
+def test_a_tabular_predictor_saved_and_loaded_predicts_the_same(catalog_dir, name):
+    """Saved as JSON plus its training rows (safetensors), loaded by refitting: the same answers."""
+    from safetensors.numpy import load, save
+
+    from jobs.data import select_models
+
+    con = duck.connect(catalog_dir)
+    try:
+        # the cnn zoo holds many shapes, the mlp zoo one per data set: the flat MLP reads its commonest
+        sel = select_models(con, "test_accuracy", "zoo = 'mlp'" if name == "flat_mlp" else "zoo = 'cnn'",
+                            catalog=catalog_dir)
+        p = tabular_predictor(name, seed=3)
+        fitted = p.fit(con, sel)
+        if not fitted.applicable.any():
+            pytest.skip(f"{name}: {fitted.note}")
+        state, arrays = p.save()
+        again = predictor_class(name).load(json.loads(json.dumps(state)), load(save(arrays)))
+        pred, ok = again.predict(con, sel.model_ids)
+        np.testing.assert_array_equal(ok, fitted.applicable)
+        np.testing.assert_allclose(pred[ok], fitted.predictions[ok], rtol=1e-9)
+        train = sel.targets[sel.mask("train")]
+        assert train.min() - 1e-9 <= pred[ok].min() and pred[ok].max() <= train.max() + 1e-9
+    finally:
+        con.close()
+
+
+@pytest.mark.slow
+def test_statnn_trains_as_a_run_and_predicts_like_a_metanetwork(catalog_copy):
+    """`--model statnn` is a run like `--model ngnn`: its answer is StatNN's, the other baselines
+    sit beside it, and `jobs predict` refits it from the run folder."""
+    from jobs.cli import main
+
+    res = CliRunner().invoke(main, ["train-heterognn", "--catalog", str(catalog_copy), "--model", "statnn",
+                                    "--where", "zoo = 'cnn'"])
+    assert res.exit_code == 0, res.output
+    con = duck.connect(catalog_copy)
+    run_id, method = con.execute("SELECT run_id, method FROM runs").fetchone()
+    assert method == "statnn"
+    assert {m for (m,) in con.execute("SELECT DISTINCT method FROM predictions").fetchall()} == set(names("tabular"))
+    mine = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE method = 'statnn'").fetchall())
+    assert "statnn " in res.output and "ngnn" not in res.output
+    assert Catalog(catalog_copy).read_artifact(run_id, "metanet.json") is None
+    res = CliRunner().invoke(main, ["predict", "--catalog", str(catalog_copy), "--run", run_id,
+                                    "--where", "zoo = 'cnn'"])
+    assert res.exit_code == 0, res.output
+    con = duck.connect(catalog_copy)
+    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id LIKE ? AND method = 'statnn'",
+                             [run_id + "-predict-%"]).fetchall())
+    assert set(again) == set(mine)
+    assert all(again[m] == pytest.approx(v, rel=1e-9) for m, v in mine.items())
+
+
+def test_a_tampered_predictor_file_is_refused_in_one_line(catalog_copy):
+    """A run folder is someone else's input: a predictor file that names a metanetwork, or whose
+    rows do not fit its columns, stops with one line, never a traceback."""
+    from jobs.cli import main
+
+    res = CliRunner().invoke(main, ["train-heterognn", "--catalog", str(catalog_copy), "--model", "statnn",
+                                    "--where", "zoo = 'cnn'", "--no-baselines"])
+    assert res.exit_code == 0, res.output
+    cat = Catalog(catalog_copy)
+    con = duck.connect(catalog_copy)
+    run_id, = con.execute("SELECT run_id FROM runs").fetchone()
+    con.close()
+    path = cat.artifacts_dir / run_id / "predictor.json"
+    good = json.loads(path.read_text())
+    for bad, says in ((dict(good, name="ngnn"), "not a tabular predictor"),
+                      (dict(good, columns=good["columns"][:-1]), "training rows of shape"),
+                      (dict(good, format="zoograph.predictor/99"), "not a zoograph.predictor/1 file")):
+        path.write_text(json.dumps(bad))
+        res = CliRunner().invoke(main, ["predict", "--catalog", str(catalog_copy), "--run", run_id])
+        assert res.exit_code != 0
+        assert says in res.output and "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
