@@ -3,30 +3,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
 
 import click
 
 from graphstore.options import existing_catalog, open_store_from_options, optional_store, store_options
-from jobs.metanets import ATTENTION_GROUPS, METANETWORKS
-from jobs.predictors import PREDICTORS, help_text
+from jobs.config import TrainConfig
+from jobs.metanets import METANETWORKS
+from zoocore.dataclass_cli import click_options, from_options
 from zoocore.cli import catalog_option, format_rows, translate_errors
-
-
-class _TaskNames(Sequence):
-    """``auto`` and the registered task names (jobs.tasks.TASKS), read when click first asks, so
-    that the CLI's import stays free of torch."""
-
-    def _names(self) -> list[str]:
-        from jobs.tasks import TASKS
-
-        return ["auto", *TASKS]
-
-    def __getitem__(self, i):
-        return self._names()[i]
-
-    def __len__(self) -> int:
-        return len(self._names())
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,128 +36,23 @@ def _device_option(fn):
 
 @main.command("train-heterognn")
 @catalog_option
-@click.option("--target", default="test_accuracy", show_default=True,
-              help="models column to predict: numeric -> regression (Kendall tau, R^2), text -> "
-                   "classification (accuracy, macro-F1); e.g. optimizer, dataset, label.")
-@click.option("--task", type=click.Choice(_TaskNames()), default="auto", show_default=True,
-              help="auto: the first task that takes the target column's type (numbers: regression).")
-@click.option("--where", default=None, help="SQL condition over the models view selecting the models.")
-@click.option("--split-column", default=None,
-              help="models column with train/val/test (default: a hash of model_id, stable across runs).")
-@click.option("--folds", type=click.IntRange(min=0), default=0, show_default=True, metavar="K",
-              help="K-fold cross-validation by hash of model_id (every model a test model in exactly one fold; "
-                   "15%% of the rest validation). 0 = the default hash split. Run once per --fold.")
-@click.option("--fold", type=click.IntRange(min=0), default=0, show_default=True, metavar="I",
-              help="Which fold (0..K-1) is the test set, with --folds K.")
-@click.option("--epochs", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Epochs per ensemble member (cosine schedule over them).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--lr", type=float, default=1e-3, show_default=True)
-@click.option("--hidden", type=click.IntRange(min=4), default=64, show_default=True)
-@click.option("--layers", type=click.IntRange(min=1), default=3, show_default=True, help="NG-GNN layers.")
-@click.option("--probes", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Learned probe inputs whose per-neuron activations join the node features "
-                   "(MLP / INR zoos: graphs of linear and residual edges).")
-@click.option("--ensemble", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Train K metanetworks (seeds SEED..SEED+K-1) and average their predictions (K times the "
-                   "training time; 1 for a single model).")
-@click.option("--patience", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Early stopping: epochs without a better validation score.")
-@click.option("--rank-weight", type=click.FloatRange(min=0.0), default=3.0, show_default=True, metavar="W",
-              help="Regression: add W times a pairwise ranking loss (RankNet's, over the pairs of each batch) to the "
-                   "squared error; Kendall tau counts only misordered pairs. 0 = squared error alone.")
-@click.option("--calibrate/--no-calibrate", default=True, show_default=True,
-              help="Regression: map the (ensemble's) predictions through a * p + b fitted by least squares on the "
-                   "validation split (a > 0: the order, hence Kendall tau, is unchanged; R^2 and MAE improve). "
-                   "Saved with the run, so `jobs predict` applies it too.")
-@click.option("--calibration", type=click.Choice(["linear", "monotone"]), default="monotone", show_default=True,
-              help="With --calibrate: linear (a * p + b) or monotone (that line, then an isotonic map fitted on the "
-                   "validation split, blended with the identity so it stays strictly increasing: the order, hence "
-                   "Kendall tau, is unchanged; a curved relation between predictions and targets is straightened).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--loader-workers", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Threads that stream graphs from DuckDB ahead of the trainer.")
-@click.option("--no-baselines", is_flag=True,
-              help="Skip the tabular predictors (StatNN, the flat-weights MLP) beside the run's own.")
-@click.option("--canonical", is_flag=True,
-              help="Feed NG-GNN scale-canonicalised graphs: every rescalable hidden neuron gets unit-norm incoming "
-                   "weights (and a positive sum where signs may flip), the factor pushed forward; one graph per "
-                   "function-preserving rescaling orbit.")
-@click.option("--bn-stats/--no-bn-stats", default=True, show_default=True,
-              help="Feed batch norms as the affine maps they compute at evaluation (gamma / sqrt(var + eps) on the "
-                   "edge, beta - gamma * mean / sqrt(var + eps) as the bias), so the running statistics reach the "
-                   "metanetwork.")
-@click.option("--scale-augment", type=float, default=0.0, metavar="MAX",
-              help="Train on a new random function-preserving rescaling of every model each time it is served: "
-                   "per hidden neuron a factor U[1, MAX] (and a sign flip where the activation allows). 0 = off.")
-@click.option("--weight-noise", type=click.FloatRange(min=0.0), default=0.0, show_default=True, metavar="X",
-              help="Train on weights plus Gaussian noise of X times each operation's weight spread (biases: per "
-                   "neuron layer), drawn anew every time a model is served; identities and padding are left alone.")
-@click.option("--weight-dropout", type=click.FloatRange(min=0.0, max=1.0, max_open=True), default=0.0,
-              show_default=True, metavar="P", help="Train with each edge's weights zeroed with probability P.")
-@click.option("--fourier", type=click.IntRange(min=0), default=32, show_default=True, metavar="F",
-              help="Add random Fourier features (F frequencies) of every edge's weights and every bias to their "
-                   "encodings. 0 = off.")
-@click.option("--rescale-test", type=float, multiple=True, metavar="MAX",
-              help="Also score NG-GNN and StatNN on function-preserving random rescalings U[1, MAX] of the test "
-                   "models (rows '<method>@xMAX' beside the clean ones). Repeat for several MAX.")
-@click.option("--model", "metanet", type=click.Choice(list(PREDICTORS)), default="ngnn", show_default=True,
-              help="The predictor whose answer the run gives (`jobs predict` rebuilds it from the run): "
-                   + help_text() + ".")
-@click.option("--stack/--no-stack", default=True, show_default=True,
-              help="Regression with a metanetwork: the run's answer is w * metanetwork + (1 - w) * the mean of "
-                   "StatNN's two learners, w in 0, 0.1, ..., 1 chosen on validation (the row "
-                   "'ngnn+statnn+statnn_mlp'); needs the baselines.")
-@click.option("--attention-groups", type=click.Choice(list(ATTENTION_GROUPS)), default="all",
-              show_default=True,
-              help="NG-T: what one attention softmax runs over: all of a neuron's edges, its in-edges and its "
-                   "reverse edges apart (direction), or each edge type apart (relation); the groups' values are "
-                   "read side by side.")
-@click.option("--attention-std/--no-attention-std", default=True, show_default=True,
-              help="NG-T: read the attention-weighted standard deviation of the values beside their weighted "
-                   "mean (a softmax mean alone cannot see how spread a neuron's inputs are).")
-@click.option("--relation-values/--no-relation-values", default=True, show_default=True,
-              help="NG-T: one value map per edge type (as NG-GNN's per-relation messages) instead of one map shared "
-                   "by every edge, whose relation then enters only through the FiLM of the edge features.")
-@click.option("--quasi", is_flag=True,
-              help="Add the quasi-equivariant scaling layer (Quasi-Equivariant Metanetworks, ICLR 2026): a learned "
-                   "per-neuron factor 1 + eps*sin(.) from per-neuron and per-layer weight statistics, applied to "
-                   "NG-GNN's output node and edge features; its parameter overhead is printed.")
-@click.option("--quasi-eps", type=click.FloatRange(min=0.0, max=0.99), default=0.1, show_default=True,
-              help="eps of the quasi-equivariant factors 1 + eps*sin(.).")
-@click.option("--readout-outputs", type=click.IntRange(min=0), default=10, show_default=True, metavar="K",
-              help="Also read the embeddings of output neurons 0..K-1, in order, beside the mean/max readout "
-                   "(invariant: output neurons are never permuted; zeros where a network has fewer). 0 = off.")
-@_device_option
+@click_options(TrainConfig)
 @store_options
 @translate_errors
-def train_heterognn_cmd(catalog, target, task, where, split_column, folds, fold, epochs, batch_size, lr, hidden,
-                        layers, probes, ensemble, patience, rank_weight, calibrate, calibration, seed, loader_workers,
-                        no_baselines, canonical, bn_stats, scale_augment, weight_noise, weight_dropout, fourier,
-                        rescale_test, metanet, stack, attention_groups, attention_std, relation_values, quasi, quasi_eps,
-                        readout_outputs, device, neo4j_uri, neo4j_user, neo4j_password):
+def train_heterognn_cmd(catalog, neo4j_uri, neo4j_user, neo4j_password, **options):
     """Train a predictor (default NG-GNN) of TARGET on the selected models, report test metrics
-    beside StatNN and a flat-weights MLP (and, for regression, the blend of the metanetwork with the
-    stronger of them, which is the run's answer), and write runs / predictions / embeddings.
+    beside StatNN and a flat-weights MLP (and, for regression, the blend of the metanetwork with
+    StatNN, which is the run's answer), and write runs / predictions / embeddings.
 
     \b
+    Every option is a field of jobs.config.TrainConfig.
     Data-parallel on several processes, GPUs or machines (gloo on CPU, NCCL with --device cuda):
       torchrun --standalone --nproc-per-node 2 -m jobs.cli train-heterognn ...
     Each rank streams its own shard of the models; rank 0 writes the results."""
-    from jobs.train import TrainConfig, train_heterognn
+    from jobs.train import train_heterognn
 
     root = existing_catalog(catalog)
-    cfg = TrainConfig(target=target, where=where, task=task, split_column=split_column, folds=folds, fold=fold,
-                      epochs=epochs,
-                      batch_size=batch_size, lr=lr, hidden=hidden, layers=layers, probes=probes, ensemble=ensemble,
-                      patience=patience, rank_weight=rank_weight, calibrate=calibrate, calibration=calibration,
-                      seed=seed,
-                      device=device, loader_workers=loader_workers, baselines=not no_baselines, canonical=canonical,
-                      bn_stats=bn_stats,
-                      scale_augment=scale_augment, rescale_test=rescale_test, quasi=quasi, quasi_eps=quasi_eps,
-                      model=metanet, stack=stack, readout_outputs=readout_outputs, weight_noise=weight_noise,
-                      weight_dropout=weight_dropout, fourier=fourier, attention_groups=attention_groups,
-                      attention_std=attention_std, relation_values=relation_values)
+    cfg = from_options(TrainConfig, options)
     main_rank = int(os.environ.get("RANK", "0")) == 0      # under torchrun, rank 0 writes and reports
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=main_rank) as (store, warning):
         report = train_heterognn(root, cfg, store=store)

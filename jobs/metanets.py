@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from jobs.ngnn import NGGNN, NGGNNConfig
 
 METANETWORKS = {n: e.path for n, e in PREDICTORS.items() if e.family == "metanetwork"}
-# what one NG-T attention softmax runs over (jobs.ngt): all edges, per direction, per edge type
-ATTENTION_GROUPS = ("all", "direction", "relation")
 
 
 def metanetwork_class(kind: str) -> type:

@@ -29,7 +29,7 @@ import dgl
 import torch
 from torch import nn
 
-from jobs.metanets import ATTENTION_GROUPS
+from jobs.config import ATTENTION_GROUPS
 from jobs.ngnn import NGGNN, NGGNNConfig, _key, mlp
 from jobs.relational_kernels import rel_linear
 from pipeline.neural_graph.vocabulary import NODE_TYPES

@@ -11,7 +11,7 @@ import copy
 import math
 import time
 import uuid
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 
 import dgl
 import numpy as np
@@ -21,6 +21,7 @@ from tqdm import tqdm
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
 from jobs.augment import augmenter
+from jobs.config import DataConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: F401  (OptimConfig: re-exported)
 from jobs.distributed import (DistContext, barrier, broadcast, gather_rows, init_from_env, local_batch_size,
                               shard)
 from jobs.data import (GraphList, GraphStream, LayerStats, Selection, layer_stats, layer_stats_of_graphs,
@@ -38,87 +39,12 @@ from jobs.tasks import CALIBRATIONS, TargetScale, Task, task_named
 from zoocore.errors import JobError
 
 
-@dataclass
-class DataConfig:
-    """Which models, which target, which split, and how graphs reach the metanetwork."""
-    target: str = "test_accuracy"
-    where: str | None = None
-    task: str = "auto"                 # auto | a jobs.tasks name: regression | classification
-    split_column: str | None = None
-    folds: int = 0                     # K > 1: K-fold cross-validation (jobs.data.fold_split), test fold ``fold``
-    fold: int = 0
-    loader_workers: int = 2
-    chunk: int = 64
-    canonical: bool = False            # NG-GNN reads scale-canonicalised graphs (one per rescaling orbit)
-    bn_stats: bool = True              # batch norm as its evaluation-time affine map (running stats in the features);
-                                       # with fourier=32, full diverse zoo: NG-GNN tau 0.619 -> 0.635, NG-T 0.611 -> 0.628
-    scale_augment: float = 0.0         # > 1: train on random function-preserving rescalings U[1, MAX]
-    weight_noise: float = 0.0          # > 0: train on weights plus N(0, (x * per-operation sd)^2) (jobs.augment)
-    weight_dropout: float = 0.0        # > 0: train with each edge's weights zeroed with this probability
-    rescale_test: tuple[float, ...] = ()   # each MAX > 1: also score the methods on rescalings U[1, MAX] of the test models
-
-
-@dataclass
-class OptimConfig:
-    """How the metanetwork is fitted and selected, and what it is compared with."""
-    epochs: int = 10                   # validation tau peaks by epoch 5-8 (full diverse zoo): longer runs only overfit
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    patience: int = 5
-    ensemble: int = 3                  # metanetworks trained with seeds seed..seed+K-1, outputs averaged; three
-                                       # 10-epoch members beat one 30-epoch model (bench_accuracy --full, README)
-    rank_weight: float = 3.0           # regression: > 0 adds this times a pairwise ranking loss (jobs.tasks.RankedMSE);
-                                       # full mode, tau: fixed zoo NG-GNN 0.647 -> 0.677, NG-T 0.660 -> 0.679
-    calibrate: bool = True             # regression: a * p + b fitted on the validation split (jobs.tasks);
-                                       # NG-GNN, full mode: MAE 0.064 -> 0.061 fixed zoo, 0.0961 -> 0.0959 diverse
-    calibration: str = "monotone"      # linear | monotone: the line, then an increasing isotonic map (jobs.tasks);
-                                       # straightens what the ranking term curves (fixed zoo MAE 0.064 -> 0.052)
-    seed: int = 0
-    device: str = "cpu"
-    max_train_batches: int | None = None   # cap per epoch (smoke runs); None = all
-    baselines: bool = True             # the tabular predictors (jobs.predictors) beside the metanetwork
-    stack: bool = True                 # regression: the run's answer blends the metanetwork with the mean of StatNN's
-                                       # learners, the weight chosen on validation (jobs.stacking); needs baselines
-
-
-@dataclass
-class ModelConfig:
-    """The metanetwork (jobs.metanets) and its sizes; with the selection's edge types, kernel frame
-    and output size it becomes an NGGNNConfig (``metanet_config``)."""
-    model: str = "ngnn"                # the predictor (jobs.predictors): a metanetwork (ngnn | ngt) or a tabular one
-    hidden: int = 64
-    edge_hidden: int = 32
-    layers: int = 3
-    dropout: float = 0.0
-    probes: int = 0                    # learned probe inputs whose activations join node features
-    quasi: bool = False                # NG-GNN with the quasi-equivariant scaling layer (jobs.quasi)
-    quasi_eps: float = 0.1
-    readout_outputs: int = 10          # the readout also reads output neurons 0..K-1 (jobs.ngnn); 0 = off.
-                                       # bench_accuracy (quick, 3 folds): NG-GNN tau +0.019 diverse, +0.004 fixed
-    fourier: int = 32                  # F > 0: random Fourier features of weights and biases (jobs.ngnn); 0 = off
-    attention_groups: str = "all"      # NG-T: one softmax over all edges, per direction, or per relation (jobs.ngt)
-    attention_std: bool = True         # NG-T: also the attention-weighted std of the values (jobs.ngt)
-    relation_values: bool = True       # NG-T: a value map per edge type, as NG-GNN's per-relation messages (jobs.ngt)
-
-
-@dataclass
-class TrainConfig(ModelConfig, OptimConfig, DataConfig):
-    """A run's whole configuration: the data, optimisation and model parts in one flat record (as
-    the CLI options and the run manifest hold it); ``part(DataConfig)`` etc. give one part."""
-
-    def part(self, cls):
-        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
-
-
 def metanet_config(model: ModelConfig, etypes, frame: tuple[int, int], out_dim: int) -> NGGNNConfig:
-    """The metanetwork's configuration: the model part plus what the selected models fix."""
-    return NGGNNConfig(etypes=etypes, edge_in=frame[0] * frame[1], out_dim=out_dim, hidden=model.hidden,
-                       edge_hidden=model.edge_hidden, layers=model.layers, dropout=model.dropout, probes=model.probes,
-                       quasi=model.quasi, quasi_eps=model.quasi_eps, kind=model.model,
-                       readout_outputs=model.readout_outputs, fourier=model.fourier,
-                       attention_groups=model.attention_groups, attention_std=model.attention_std,
-                       relation_values=model.relation_values)
+    """The metanetwork's configuration: the model part (every field NGGNNConfig also has) plus what
+    the selected models fix."""
+    shared = {f.name for f in fields(NGGNNConfig)} & {f.name for f in fields(ModelConfig)}
+    return NGGNNConfig(etypes=etypes, edge_in=frame[0] * frame[1], out_dim=out_dim, kind=model.model,
+                       **{name: getattr(model, name) for name in shared})
 
 
 def metrics_for(task: str, y: np.ndarray, p: np.ndarray) -> dict[str, float]:

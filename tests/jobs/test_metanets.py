@@ -20,7 +20,7 @@ def test_the_cli_offers_every_registered_predictor():
     from jobs.cli import train_heterognn_cmd
     from jobs.predictors import PREDICTORS
 
-    choice = next(p for p in train_heterognn_cmd.params if p.name == "metanet").type
+    choice = next(p for p in train_heterognn_cmd.params if p.name == "model").type
     assert list(choice.choices) == list(PREDICTORS)
     assert set(METANETWORKS) == {n for n, e in PREDICTORS.items() if e.family == "metanetwork"} == {"ngnn", "ngt"}
 
@@ -40,10 +40,9 @@ def test_the_cli_defaults_are_the_library_recipe():
     from jobs.train import TrainConfig
 
     recipe = {f.name: getattr(TrainConfig(), f.name) for f in fields(TrainConfig)}
-    names = {"metanet": "model"}
     checked, ctx = set(), click.Context(train_heterognn_cmd)
     for p in train_heterognn_cmd.params:
-        field, default = names.get(p.name, p.name), p.get_default(ctx)
+        field, default = p.name, p.get_default(ctx)
         if field not in recipe or default is None:
             continue
         if p.multiple:          # a repeatable option given no times is the empty tuple

@@ -1,0 +1,142 @@
+"""A run's configuration (``jobs train-heterognn``): the data, optimisation and model parts, each
+field with its default and its help. The command's options are generated from these fields
+(zoocore.dataclass_cli), so a new hyperparameter is one field here. Importing this module costs
+neither torch nor DGL (the CLI reads it to build its options).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import click
+
+from jobs.predictors import PREDICTORS, help_text
+from zoocore.dataclass_cli import option
+
+ATTENTION_GROUPS = ("all", "direction", "relation")       # what one NG-T attention softmax runs over (jobs.ngt)
+
+
+class TaskNames(Sequence):
+    """Names jobs.tasks defines (``TASKS`` with ``auto`` first, or ``CALIBRATIONS``), read when
+    click first asks, so that importing the CLI stays free of torch."""
+
+    def __init__(self, what: str = "TASKS"):
+        self.what = what
+
+    def _names(self) -> list[str]:
+        import jobs.tasks
+
+        names = list(getattr(jobs.tasks, self.what))
+        return ["auto", *names] if self.what == "TASKS" else names
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+
+@dataclass
+class DataConfig:
+    """Which models, which target, which split, and how graphs reach the metanetwork."""
+    target: str = option("test_accuracy", "models column to predict: numeric -> regression (Kendall tau, R^2), "
+                         "text -> classification (accuracy, macro-F1); e.g. optimizer, dataset, label.")
+    where: str | None = option(None, "SQL condition over the models view selecting the models.")
+    task: str = option("auto", "auto: the first task that takes the target column's type (numbers: regression).",
+                       type=click.Choice(TaskNames()))
+    split_column: str | None = option(None, "models column with train/val/test (default: a hash of model_id, "
+                                      "stable across runs).")
+    folds: int = option(0, "K-fold cross-validation by hash of model_id (every model a test model in exactly one "
+                        "fold; 15% of the rest validation). 0 = the default hash split. Run once per --fold.",
+                        type=click.IntRange(min=0), metavar="K")
+    fold: int = option(0, "Which fold (0..K-1) is the test set, with --folds K.", type=click.IntRange(min=0),
+                       metavar="I")
+    loader_workers: int = option(2, "Threads that stream graphs from DuckDB ahead of the trainer.",
+                                 type=click.IntRange(min=0))
+    chunk: int = option(64, "Graphs read from DuckDB per query.", type=click.IntRange(min=1))
+    canonical: bool = option(False, "Feed the metanetwork scale-canonicalised graphs: every rescalable hidden neuron "
+                             "gets unit-norm incoming weights (and a positive sum where signs may flip), the factor "
+                             "pushed forward; one graph per function-preserving rescaling orbit.")
+    bn_stats: bool = option(True, "Feed batch norms as the affine maps they compute at evaluation (gamma / sqrt(var "
+                            "+ eps) on the edge, beta - gamma * mean / sqrt(var + eps) as the bias), so the running "
+                            "statistics reach the metanetwork.")
+    scale_augment: float = option(0.0, "Train on a new random function-preserving rescaling of every model each "
+                                  "time it is served: per hidden neuron a factor U[1, MAX] (and a sign flip where "
+                                  "the activation allows). 0 = off.", metavar="MAX")
+    weight_noise: float = option(0.0, "Train on weights plus Gaussian noise of X times each operation's weight "
+                                 "spread (biases: per neuron layer), drawn anew every time a model is served.",
+                                 type=click.FloatRange(min=0.0), metavar="X")
+    weight_dropout: float = option(0.0, "Train with each edge's weights zeroed with probability P.",
+                                   type=click.FloatRange(min=0.0, max=1.0, max_open=True), metavar="P")
+    rescale_test: tuple[float, ...] = option((), "Also score the metanetwork and StatNN on function-preserving "
+                                             "random rescalings U[1, MAX] of the test models (rows "
+                                             "'<method>@xMAX'). Repeat for several MAX.", type=float, metavar="MAX")
+
+
+@dataclass
+class OptimConfig:
+    """How the metanetwork is fitted and selected, and what it is compared with."""
+    epochs: int = option(10, "Epochs per ensemble member (cosine schedule over them).", type=click.IntRange(min=1))
+    batch_size: int = option(32, "Models per batch.", type=click.IntRange(min=1))
+    lr: float = option(1e-3, "AdamW learning rate.")
+    weight_decay: float = option(1e-4, "AdamW weight decay.", type=click.FloatRange(min=0.0))
+    patience: int = option(5, "Early stopping: epochs without a better validation score.",
+                           type=click.IntRange(min=1))
+    ensemble: int = option(3, "Train K metanetworks (seeds SEED..SEED+K-1) and average their predictions (K times "
+                           "the training time; 1 for a single model).", type=click.IntRange(min=1))
+    rank_weight: float = option(3.0, "Regression: add W times a pairwise ranking loss (RankNet's, over the pairs of "
+                                "each batch) to the squared error; 0 = squared error alone.",
+                                type=click.FloatRange(min=0.0), metavar="W")
+    calibrate: bool = option(True, "Regression: map the predictions through a * p + b fitted on the validation "
+                             "split (a > 0: Kendall tau is unchanged; R^2 and MAE improve); saved with the run.")
+    calibration: str = option("monotone", "With --calibrate: linear (a * p + b) or monotone (that line, then an "
+                              "isotonic map fitted on validation, blended with the identity so it stays strictly "
+                              "increasing).", type=click.Choice(TaskNames("CALIBRATIONS")))
+    seed: int = option(0, "Seed of the split-independent randomness (initialisation, batches, learners).")
+    device: str = option("cpu", "torch device: cpu, cuda, cuda:1 ... (no code change between them).")
+    max_train_batches: int | None = None   # cap per epoch (smoke runs); None = all
+    baselines: bool = option(True, "Fit the tabular predictors (StatNN, the flat-weights MLP) beside the run's own.")
+    stack: bool = option(True, "Regression with a metanetwork: the run's answer is w * metanetwork + (1 - w) * the "
+                         "mean of StatNN's two learners, w in 0, 0.1, ..., 1 chosen on validation (the row "
+                         "'ngnn+statnn+statnn_mlp'); needs the baselines.")
+
+
+@dataclass
+class ModelConfig:
+    """The predictor (jobs.predictors) and, for a metanetwork, its sizes; with the selection's edge
+    types, kernel frame and output size it becomes an NGGNNConfig (jobs.train.metanet_config)."""
+    model: str = option("ngnn", "The predictor whose answer the run gives (`jobs predict` rebuilds it from the "
+                        "run): " + help_text() + ".", type=click.Choice(list(PREDICTORS)))
+    hidden: int = option(64, "Node embedding width.", type=click.IntRange(min=4))
+    edge_hidden: int = option(32, "Edge embedding width.", type=click.IntRange(min=1))
+    layers: int = option(3, "Message-passing (or attention) layers.", type=click.IntRange(min=1))
+    dropout: float = option(0.0, "Dropout in the node updates.", type=click.FloatRange(min=0.0, max=1.0,
+                                                                                         max_open=True))
+    probes: int = option(0, "Learned probe inputs whose per-neuron activations join the node features (MLP / INR "
+                         "zoos: graphs of linear and residual edges).", type=click.IntRange(min=0))
+    quasi: bool = option(False, "Add the quasi-equivariant scaling layer (Quasi-Equivariant Metanetworks, ICLR "
+                         "2026): a learned per-neuron factor 1 + eps*sin(.) from per-neuron and per-layer weight "
+                         "statistics; its parameter overhead is printed.")
+    quasi_eps: float = option(0.1, "eps of the quasi-equivariant factors 1 + eps*sin(.).",
+                              type=click.FloatRange(min=0.0, max=0.99))
+    readout_outputs: int = option(10, "Also read the embeddings of output neurons 0..K-1, in order, beside the "
+                                  "mean/max readout (invariant: output neurons are never permuted). 0 = off.",
+                                  type=click.IntRange(min=0), metavar="K")
+    fourier: int = option(32, "Add random Fourier features (F frequencies) of every edge's weights and every bias "
+                          "to their encodings. 0 = off.", type=click.IntRange(min=0), metavar="F")
+    attention_groups: str = option("all", "NG-T: what one attention softmax runs over: all of a neuron's edges, its "
+                                   "in-edges and reverse edges apart (direction), or each edge type apart "
+                                   "(relation).", type=click.Choice(ATTENTION_GROUPS))
+    attention_std: bool = option(True, "NG-T: read the attention-weighted standard deviation of the values beside "
+                                 "their weighted mean.")
+    relation_values: bool = option(True, "NG-T: one value map per edge type (as NG-GNN's per-relation messages) "
+                                   "instead of one map shared by every edge.")
+
+
+@dataclass
+class TrainConfig(ModelConfig, OptimConfig, DataConfig):
+    """A run's whole configuration: the data, optimisation and model parts in one flat record (as
+    the CLI options and the run manifest hold it); ``part(DataConfig)`` etc. give one part."""
+
+    def part(self, cls):
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
