@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from jobs.compare import kendall_tau
 from zoocore.errors import JobError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -107,26 +110,6 @@ class Task:
         return self.numbers(pred)
 
 
-class RankedMSE(torch.nn.Module):
-    """Squared error plus ``weight`` times RankNet's pairwise logistic loss over the batch: for every
-    pair of models whose targets differ, ``log(1 + exp(-(p_hi - p_lo)))`` on the standardised outputs.
-    Squared error spends its effort on the size of every error; Kendall tau, what model selection and
-    the benchmark score, only counts pairs put in the wrong order, which the second term penalises."""
-
-    def __init__(self, weight: float):
-        super().__init__()
-        self.weight = weight
-
-    def forward(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        mse = torch.nn.functional.mse_loss(out, target)
-        p, t = out[:, 0], target[:, 0]
-        above = (t.unsqueeze(1) - t.unsqueeze(0)) > 0          # [i, j]: model i's target above model j's
-        if not bool(above.any()):
-            return mse
-        margin = (p.unsqueeze(1) - p.unsqueeze(0))[above]
-        return mse + self.weight * torch.nn.functional.softplus(-margin).mean()
-
-
 class Regression(Task):
     name = "regression"
 
@@ -143,6 +126,10 @@ class Regression(Task):
         return 1
 
     def loss(self, rank_weight=0.0):
+        import torch
+
+        from jobs.losses import RankedMSE
+
         return RankedMSE(rank_weight) if rank_weight > 0 else torch.nn.MSELoss()
 
     def fit_scale(self, train_targets):
@@ -182,6 +169,8 @@ class Regression(Task):
                            tuple(float(v) for v in iso.y_thresholds_))
 
     def encode(self, targets, scale, device):
+        import torch
+
         return torch.tensor((targets - scale.mean) / scale.std, dtype=torch.float32, device=device).unsqueeze(-1)
 
     def decode(self, out, scale):
@@ -238,9 +227,13 @@ class Classification(Task):
         return len(classes)
 
     def loss(self, rank_weight=0.0):
+        import torch
+
         return torch.nn.CrossEntropyLoss()          # classes have no order: no ranking term
 
     def encode(self, targets, scale, device):
+        import torch
+
         return torch.tensor(targets, dtype=torch.int64, device=device)
 
     def decode(self, out, scale):

@@ -47,3 +47,15 @@ def test_docker_compose_file_is_valid():
     res = subprocess.run([*_compose(), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
                          capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("module", ["jobs.cli", "pipeline.cli", "graphstore.cli"])
+def test_reading_the_command_line_costs_neither_torch_nor_dgl(module):
+    """Options are generated from configuration dataclasses and choices read from registries: none
+    of that may import torch or DGL, or `--help` takes seconds."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; print(sorted({{'torch', 'dgl'}} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.tasks import TASKS, Classification, RankedMSE, Regression, task_named
+from jobs.losses import RankedMSE
+from jobs.tasks import TASKS, Classification, Regression, task_named
 from zoocore.errors import JobError
 
 
