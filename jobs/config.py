@@ -101,12 +101,12 @@ class OptimConfig:
                          "'ngnn+statnn+statnn_mlp'); needs the baselines.")
 
 
-@dataclass
-class ModelConfig:
-    """The predictor (jobs.predictors) and, for a metanetwork, its sizes; with the selection's edge
-    types, kernel frame and output size it becomes an NGGNNConfig (jobs.train.metanet_config)."""
-    model: str = option("ngnn", "The predictor whose answer the run gives (`jobs predict` rebuilds it from the "
-                        "run): " + help_text() + ".", type=click.Choice(list(PREDICTORS)))
+@dataclass(kw_only=True)
+class MetanetConfig:
+    """A metanetwork's own hyperparameters, as the CLI offers them and as runs save them;
+    jobs.ngnn.NGGNNConfig adds what the selected models fix (edge types, kernel frame, outputs).
+    A field added here is an option of ``jobs train-heterognn`` and reaches the metanetwork; give
+    ``LEGACY`` the value that reproduces runs saved before it existed."""
     hidden: int = option(64, "Node embedding width.", type=click.IntRange(min=4))
     edge_hidden: int = option(32, "Edge embedding width.", type=click.IntRange(min=1))
     layers: int = option(3, "Message-passing (or attention) layers.", type=click.IntRange(min=1))
@@ -124,6 +124,7 @@ class ModelConfig:
                                   type=click.IntRange(min=0), metavar="K")
     fourier: int = option(32, "Add random Fourier features (F frequencies) of every edge's weights and every bias "
                           "to their encodings. 0 = off.", type=click.IntRange(min=0), metavar="F")
+    heads: int = option(4, "NG-T: attention heads (they split --hidden).", type=click.IntRange(min=1))
     attention_groups: str = option("all", "NG-T: what one attention softmax runs over: all of a neuron's edges, its "
                                    "in-edges and reverse edges apart (direction), or each edge type apart "
                                    "(relation).", type=click.Choice(ATTENTION_GROUPS))
@@ -131,6 +132,17 @@ class ModelConfig:
                                  "their weighted mean.")
     relation_values: bool = option(True, "NG-T: one value map per edge type (as NG-GNN's per-relation messages) "
                                    "instead of one map shared by every edge.")
+
+
+# what runs saved before a field existed computed (jobs.ngnn.NGGNNConfig.from_dict fills them in)
+LEGACY = {"readout_outputs": 0, "fourier": 0, "attention_std": False, "relation_values": False}
+
+
+@dataclass
+class ModelConfig(MetanetConfig):
+    """The predictor (jobs.predictors) and, for a metanetwork, its hyperparameters."""
+    model: str = option("ngnn", "The predictor whose answer the run gives (`jobs predict` rebuilds it from the "
+                        "run): " + help_text() + ".", type=click.Choice(list(PREDICTORS)))
 
 
 @dataclass

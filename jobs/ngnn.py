@@ -12,13 +12,14 @@ equivariant.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Sequence
 
 import dgl
 import torch
 from torch import nn
 
+from jobs.config import LEGACY, MetanetConfig
 from jobs.probes import ProbeFeatures
 from jobs.quasi import QuasiScaling
 from jobs.relational_kernels import FiLM, rel_linear, segment_stats
@@ -27,27 +28,14 @@ from pipeline.neural_graph.vocabulary import ACTIVATIONS, NODE_TYPES, SEEDED_ACT
 
 
 @dataclass
-class NGGNNConfig:
+class NGGNNConfig(MetanetConfig):
+    """A metanetwork's hyperparameters (jobs.config.MetanetConfig) and what its inputs fix."""
     etypes: list[CanonicalEtype]
     edge_in: int                 # edge feature width (kernel frame Kh*Kw)
     out_dim: int                 # 1 for regression, number of classes for classification
-    hidden: int = 64
-    edge_hidden: int = 32
-    layers: int = 3
     max_layers: int = 64         # positional embeddings of hidden layers
     max_positions: int = 128     # positional embeddings of input / output neurons
-    probes: int = 0              # probe-activation features per node
-    dropout: float = 0.0
-    quasi: bool = False          # learned quasi-equivariant scaling of the output features (jobs.quasi)
-    quasi_eps: float = 0.1
-    kind: str = "ngnn"           # which metanetwork (jobs.metanets): ngnn | ngt
-    heads: int = 4               # attention heads (ngt)
-    readout_outputs: int = 0     # K > 0: the readout also holds the embeddings of output neurons 0..K-1, in order
-    fourier: int = 0             # F > 0: random Fourier features (F frequencies) of edge weights and biases
-    attention_groups: str = "all"    # ngt: the softmax runs over all / per direction / per relation (jobs.ngt)
-    attention_std: bool = False      # ngt: also read the attention-weighted std of the values (jobs.ngt);
-                                     # False here so that NG-T runs saved without the field load as they were
-    relation_values: bool = False    # ngt: one value map per edge type instead of one shared (jobs.ngt)
+    kind: str = "ngnn"           # which metanetwork (jobs.predictors): ngnn | ngt
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -56,9 +44,11 @@ class NGGNNConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "NGGNNConfig":
-        d = dict(d)
+        """A saved configuration; a field it lacks takes the value that runs saved before the field
+        existed computed (``jobs.config.LEGACY``), then the default."""
+        d = {**LEGACY, **d}
         d["etypes"] = [tuple(e) for e in d["etypes"]]
-        known = set(cls.__dataclass_fields__)
+        known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
 from jobs.augment import augmenter
-from jobs.config import DataConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: F401  (OptimConfig: re-exported)
+from jobs.config import DataConfig, MetanetConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: F401  (OptimConfig: re-exported)
 from jobs.distributed import (DistContext, barrier, broadcast, gather_rows, init_from_env, local_batch_size,
                               shard)
 from jobs.data import (GraphList, GraphStream, LayerStats, Selection, layer_stats, layer_stats_of_graphs,
@@ -40,11 +40,10 @@ from zoocore.errors import JobError
 
 
 def metanet_config(model: ModelConfig, etypes, frame: tuple[int, int], out_dim: int) -> NGGNNConfig:
-    """The metanetwork's configuration: the model part (every field NGGNNConfig also has) plus what
-    the selected models fix."""
-    shared = {f.name for f in fields(NGGNNConfig)} & {f.name for f in fields(ModelConfig)}
+    """The metanetwork's configuration: the model part's hyperparameters plus what the selected
+    models fix."""
     return NGGNNConfig(etypes=etypes, edge_in=frame[0] * frame[1], out_dim=out_dim, kind=model.model,
-                       **{name: getattr(model, name) for name in shared})
+                       **{f.name: getattr(model, f.name) for f in fields(MetanetConfig)})
 
 
 def metrics_for(task: str, y: np.ndarray, p: np.ndarray) -> dict[str, float]:
@@ -189,6 +188,10 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     val_idx = np.nonzero(sel.mask("val"))[0]
     scale = task.fit_scale(sel.targets[train_idx])
     mcfg = metanet_config(cfg, sel.etypes, sel.frame, task.output_size(sel.classes))
+    try:
+        build_metanetwork(mcfg)        # hyperparameters that do not fit together (NG-T: --hidden 10 --heads 4)
+    except ValueError as exc:
+        raise JobError(f"--model {cfg.model}: {exc}") from None
     models, history, epochs_run = [], [], 0
     for k in range(cfg.ensemble):
         model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, scale, device,

@@ -37,6 +37,7 @@ from jobs.editing.data import EditConfig, EditData, load_edit_data
 from jobs.editing.heads import GraphEditor, NFNEditor, nfn_available
 from jobs.editing.siren import MLPLayout, Params, mlp_forward, pixel_grid, widen, widened_spec
 from jobs.editing.targets import EDITS
+from jobs.config import LEGACY
 from jobs.ngnn import NGGNNConfig
 from jobs.run_weights import read_weights, require_run, weights_files
 from pipeline.neural_graph.build import state_dict_from_graph
@@ -115,8 +116,9 @@ def fit_editor(editor, data: EditData, cfg: EditConfig, device, desc: str, progr
 
 def graph_editor(data: EditData, cfg: EditConfig, members: int) -> GraphEditor:
     torch.manual_seed(cfg.seed)
+    # the editor reads node and edge embeddings, not the readout, and was tuned without Fourier features
     mcfg = NGGNNConfig(etypes=data.etypes, edge_in=1, out_dim=1, hidden=cfg.hidden, edge_hidden=cfg.edge_hidden,
-                       layers=cfg.layers, kind=cfg.model)
+                       layers=cfg.layers, kind=cfg.model, **LEGACY)
     return GraphEditor(mcfg, members)
 
 

@@ -62,3 +62,18 @@ def test_train_config_is_its_three_parts():
     assert cfg.part(DataConfig).where == "zoo = 'cnn'" and cfg.part(OptimConfig).lr == 0.01
     mcfg = metanet_config(cfg.part(ModelConfig), ETYPES, (3, 3), 1)
     assert (mcfg.hidden, mcfg.kind, mcfg.edge_in, mcfg.readout_outputs) == (128, "ngt", 9, cfg.readout_outputs)
+
+
+def test_a_model_saved_before_fourier_features_and_output_readout_loads_without_them():
+    """``jobs.config.LEGACY``: a key a saved model lacks takes the value runs computed before the
+    field existed, not today's default (Fourier features and the output-neuron readout are on by
+    default now; a run saved without them has no weights for them)."""
+    d = json.loads(_manifest().to_json())
+    for key in ("fourier", "readout_outputs", "attention_std", "relation_values", "heads"):
+        d["model"].pop(key, None)
+    old = RunManifest.from_json(json.dumps(d)).model
+    assert (old.fourier, old.readout_outputs, old.attention_std, old.relation_values, old.heads) == (0, 0, False,
+                                                                                                    False, 4)
+    from jobs.config import MetanetConfig
+
+    assert (MetanetConfig().fourier, MetanetConfig().readout_outputs) == (32, 10)

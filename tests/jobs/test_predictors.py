@@ -102,3 +102,12 @@ def test_a_tampered_predictor_file_is_refused_in_one_line(catalog_copy):
         res = CliRunner().invoke(main, ["predict", "--catalog", str(catalog_copy), "--run", run_id])
         assert res.exit_code != 0
         assert says in res.output and "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_hyperparameters_that_do_not_fit_together_stop_in_one_line(catalog_copy):
+    from jobs.cli import main
+
+    res = CliRunner().invoke(main, ["train-heterognn", "--catalog", str(catalog_copy), "--model", "ngt",
+                                    "--where", "zoo = 'cnn'", "--hidden", "10", "--heads", "4", "--no-baselines"])
+    assert res.exit_code == 1
+    assert res.output.strip() == "Error: --model ngt: hidden size 10 is not a multiple of 4 heads"
