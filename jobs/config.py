@@ -132,6 +132,8 @@ class MetanetConfig:
                                  "their weighted mean.")
     relation_values: bool = option(True, "NG-T: one value map per edge type (as NG-GNN's per-relation messages) "
                                    "instead of one map shared by every edge.")
+    attention_dropout: float = option(0.0, "NG-T: dropout on the attention weights while training.",
+                                      type=click.FloatRange(min=0.0, max=1.0, max_open=True))
 
 
 # what runs saved before a field existed computed (jobs.ngnn.NGGNNConfig.from_dict fills them in)

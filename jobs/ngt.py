@@ -89,7 +89,8 @@ class RelationalAttentionLayer(nn.Module):
     """One NG-T layer: multi-head relational attention, a feed-forward block, an edge update."""
 
     def __init__(self, etypes, hidden: int, edge_hidden: int, heads: int = 4, dropout: float = 0.0,
-                 attention_groups: str = "all", attention_std: bool = False, relation_values: bool = False):
+                 attention_groups: str = "all", attention_std: bool = False, relation_values: bool = False,
+                 attention_dropout: float = 0.0):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not a multiple of {heads} heads")
@@ -115,6 +116,7 @@ class RelationalAttentionLayer(nn.Module):
         self.ffn = mlp(hidden, 2 * hidden, hidden)
         self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.drop = nn.Dropout(dropout)
+        self.attention_drop = nn.Dropout(attention_dropout)
         self.edge_update = nn.ModuleDict({_key(e): mlp(edge_hidden + 2 * hidden, edge_hidden, edge_hidden)
                                           for e in etypes})
 
@@ -139,7 +141,7 @@ class RelationalAttentionLayer(nn.Module):
             group = dst * 2 + self.reverse[flat.relation]
         else:                               # each edge type, and self
             group = dst * self.n_groups + flat.relation
-        attn = group_softmax(logits, group, n * self.n_groups)
+        attn = self.attention_drop(group_softmax(logits, group, n * self.n_groups))
         agg = torch.zeros(n * self.n_groups, self.heads, self.dk, dtype=x.dtype, device=x.device)
         agg.index_add_(0, group, attn.unsqueeze(-1) * vals)
         if self.attention_std:          # the attention-weighted spread of the values, beside their mean
@@ -165,7 +167,8 @@ class NGT(NGGNN):
                                                              heads=cfg.heads, dropout=cfg.dropout,
                                                              attention_groups=cfg.attention_groups,
                                                              attention_std=cfg.attention_std,
-                                                             relation_values=cfg.relation_values)
+                                                             relation_values=cfg.relation_values,
+                                                             attention_dropout=cfg.attention_dropout)
                                     for _ in range(cfg.layers))
 
     def propagate(self, g, h: dict, e: dict, structure: dict) -> tuple[dict, dict]:

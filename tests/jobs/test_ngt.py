@@ -139,3 +139,23 @@ def test_an_ngt_saved_before_the_spread_read_and_relation_values_loads_as_it_was
     assert after.layers[0].qkv.out_features == 32 and after.layers[0].value_weight.shape == (3, 16, 16)
     before.load_state_dict(NGT(NGGNNConfig.from_dict(old_cfg.to_dict())).state_dict())
     after.load_state_dict(NGT(NGGNNConfig.from_dict(new.to_dict())).state_dict())
+
+
+def test_attention_dropout_acts_while_training_only(catalog_dir):
+    """--attention-dropout reaches NG-T's attention from its one field: training outputs vary with
+    it, evaluation outputs do not."""
+    from jobs.train import ModelConfig, metanet_config
+
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
+    g = normalised_graph(read_graphs(con, [sel.model_ids[0]])[0], layer_stats(con, sel.ids("train")), sel.frame,
+                         sel.etypes)
+    cfg = metanet_config(ModelConfig(model="ngt", hidden=16, edge_hidden=8, layers=1, attention_dropout=0.5),
+                         sel.etypes, sel.frame, 1)
+    torch.manual_seed(0)
+    model = NGT(cfg)
+    assert all(layer.attention_drop.p == 0.5 for layer in model.layers)
+    with torch.no_grad():
+        train = [model.train()(g)[0] for _ in range(2)]
+        evals = [model.eval()(g)[0] for _ in range(2)]
+    assert not torch.equal(train[0], train[1]) and torch.equal(evals[0], evals[1])
