@@ -30,6 +30,7 @@ PREDICTORS = {
                     stack=True),
     "statnn_mlp": Entry("tabular", "jobs.tabular:StatNNMLP", "StatNN: weight statistics into an MLP", stack=True),
     "flat_mlp": Entry("tabular", "jobs.tabular:FlatMLP", "an MLP on all weights (one parameter shape only)"),
+    "statnn_ridge": Entry("tabular", "jobs.statnn_ridge:StatNNRidge", "StatNN: weight statistics into ridge regression"),
 }
 
 
