@@ -207,6 +207,8 @@ def _estimator(learner: str, task: str, params: dict, n_train: int, seed: int):
     from sklearn.neural_network import MLPClassifier, MLPRegressor
     from sklearn.pipeline import make_pipeline
 
+    if callable(learner):           # a predictor's own learner (jobs.tabular: ``learner`` as a function)
+        return learner(task, params, n_train, seed)
     params = dict(params)
     scaler = params.pop("scaler", "standard")
     if learner == "gbt":

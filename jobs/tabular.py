@@ -40,7 +40,8 @@ class Prediction:
 class TabularPredictor:
     """Features of each model into a scikit-learn learner tuned on validation (see the module)."""
     name = ""
-    learner = "gbt"                      # gbt | mlp (jobs.baselines.fit_tuned)
+    learner = "gbt"                      # gbt | mlp (jobs.baselines.fit_tuned), or a staticmethod
+                                         # (task, params, n_train, seed) -> an unfitted scikit-learn estimator
     grid: list[dict] | None = None       # None: the learner's default grid
 
     def __init__(self, seed: int = 0):
