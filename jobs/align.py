@@ -134,11 +134,6 @@ def _dense_ops(graph: NeuralGraph) -> list[np.ndarray]:
     return out
 
 
-def _diagonal(op: dict) -> bool:
-    return op["relation"] in ("norm", "residual") or (
-        op["kind"] == "conv" and op.get("groups", 1) > 1 and op["weight_shape"][1] == 1)
-
-
 def _node_features(graph: NeuralGraph) -> np.ndarray:
     """Bias and batch-norm running statistics per node (N, 3); NaN statistics count as 0."""
     return np.nan_to_num(np.concatenate([graph.bias[:, None], graph.extra], 1).astype(np.float64))
@@ -168,7 +163,7 @@ def weight_matching(a: NeuralGraph, b: NeuralGraph, max_iter: int = 100, seed: i
             s += na[sl] @ nb[sl].T
         for op, xa, xb in zip(a.ops, wa, wb):
             src, dst = op["src_layer"], op["dst_layer"]
-            if src in layers and dst in layers and _diagonal(op):   # norm, residual, depthwise: c -> c
+            if src in layers and dst in layers and op.channelwise:   # norm, residual, gate, depthwise: c -> c
                 s += xa[np.arange(n), np.arange(n)] @ xb[np.arange(n), np.arange(n)].T
                 continue
             if dst in layers:

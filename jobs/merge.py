@@ -95,7 +95,7 @@ class Evaluator:
         self.x_train = torch.from_numpy(xtr).to(self.device)
         self.x_test = torch.from_numpy(xte).to(self.device)
         self.y_test = torch.from_numpy(yte).to(self.device)
-        self.has_bn = any(op["kind"] == "batch_norm" for op in model.plan.ops)
+        self.has_bn = any(op.running_stats for op in model.plan.ops)
 
     def module(self, state: dict[str, torch.Tensor], reset_bn: bool) -> torch.nn.Module:
         net = self.model.module(state).to(self.device)

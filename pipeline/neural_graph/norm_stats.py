@@ -22,7 +22,7 @@ def effective_batch_norms(graph: NeuralGraph, steps=None) -> NeuralGraph:
     weight = graph.weight.astype(np.float64)
     bias = graph.bias.astype(np.float64)
     for i, op in enumerate(graph.ops):
-        if op["kind"] != "batch_norm":
+        if not op.running_stats:
             continue
         e = np.flatnonzero(graph.edge_op == i)
         dst = graph.dst[e]

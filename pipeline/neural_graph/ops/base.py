@@ -99,6 +99,7 @@ class Op:
 
     kind: ClassVar[OpKind]
     diagonal: ClassVar[bool] = False
+    running_stats: ClassVar[bool] = False      # a norm whose running mean and variance are node extras (batch norm)
     relation: str
     src_layer: int
     dst_layer: int
@@ -109,6 +110,12 @@ class Op:
     constants: dict[str, dict[str, Any]] | None = optional()
 
     # ------------------------------------------------------------------ the plan JSON's dict
+
+    @property
+    def channelwise(self) -> bool:
+        """Whether channel c of the source feeds channel c of the destination only (norms, residual
+        sums, gates, depthwise convolutions): the two layers share one permutation."""
+        return self.diagonal
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind.value}
         for f in fields(self):

@@ -32,6 +32,9 @@ class Conv(DenseOp):
     def n_groups(self) -> int:
         return self.groups
 
+    @property
+    def channelwise(self) -> bool:
+        return self.groups > 1 and self.weight_shape[1] == 1     # depthwise
     def permutation_ties(self, sizes):
         if self.groups <= 1:
             return [], set()

@@ -17,6 +17,7 @@ aten = torch.ops.aten
 @dataclass(kw_only=True)
 class BatchNorm(ChannelParams):
     kind = OpKind.BATCH_NORM
+    running_stats = True
     mean_key: str | None = None
     var_key: str | None = None
     nbt_key: str | None = None
