@@ -80,9 +80,11 @@ def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: in
     return report.run_id
 
 
-def baseline_predictions(cat: Path, folds: int, fold: int, seed: int) -> dict[str, dict[str, tuple[float, float]]]:
+def baseline_predictions(cat: Path, folds: int, fold: int, seed: int, train_size: int | None = None
+                         ) -> dict[str, dict[str, tuple[float, float]]]:
     """Every tabular predictor of the registry on fold ``fold``'s test models, fitted as ``jobs
-    train-heterognn`` fits them, without a metanetwork (``--models ''``: baselines and peers only)."""
+    train-heterognn`` fits them (on ``train_size`` training models), without a metanetwork
+    (``--models ''``: baselines and peers only)."""
     from graphstore import duck
     from jobs.data import select_models
     from jobs.tabular import fit_all
@@ -90,12 +92,47 @@ def baseline_predictions(cat: Path, folds: int, fold: int, seed: int) -> dict[st
     t = time.perf_counter()
     con = duck.connect(cat)
     sel = select_models(con, "test_accuracy", folds=(folds, fold))
+    if train_size is not None:
+        sel = sel.with_training_models(train_size)
     fitted = fit_all(con, sel, TABULAR, seed)
     con.close()
     test = sel.mask("test")
     print(f"  fold {fold} baselines ({time.perf_counter() - t:.0f}s, {int(test.sum())} test models)", flush=True)
     return {name: {m: (y, p) for m, y, p, keep in zip(sel.model_ids, sel.targets, r.predictions, test & r.applicable)
                    if keep} for name, (_, r) in fitted.items()}
+
+
+def training_models(cat: Path, folds: int, fold: int) -> int:
+    """How many training models fold ``fold`` holds."""
+    from graphstore import duck
+    from jobs.data import select_models
+
+    con = duck.connect(cat)
+    try:
+        return int(select_models(con, "test_accuracy", folds=(folds, fold)).mask("train").sum())
+    finally:
+        con.close()
+
+
+def curve_table(curves: list[tuple[str, int, list[dict]]]) -> list[str]:
+    """Mean test tau per zoo, method and training size (the learning curve), and the margin of each
+    method over the strongest statistics at that size."""
+    from jobs.compare import kendall_tau
+
+    lines = ["learning curve: mean test tau over folds (margin over the strongest statistics at that size)"]
+    for kind in dict.fromkeys(k for k, _, _ in curves):
+        rows = [(size, per_fold) for k, size, per_fold in curves if k == kind]
+        methods = [m for m in dict.fromkeys(m for _, pf in rows for f in pf for m in f)
+                   if all(len(f.get(m, ())) >= 2 for _, pf in rows for f in pf)]
+        lines.append(f"  {kind}: " + "  ".join(f"{s:>14d}" for s, _ in rows))
+        for m in methods:
+            cells = []
+            for _, pf in rows:
+                tau = {x: np.mean([kendall_tau(*_arrays(f[x])) for f in pf]) for x in methods}
+                best = max((x for x in STATNNS if x in tau), key=tau.get)
+                cells.append(f"{tau[m]:.3f} ({tau[m] - tau[best]:+.3f})")
+            lines.append(f"    {m:24s} " + "  ".join(f"{c:>14s}" for c in cells))
+    return lines
 
 
 def with_statistics_mean(fold: dict[str, dict]) -> dict[str, dict]:
@@ -201,6 +238,9 @@ def main(argv=None) -> None:
                     help=f"peer methods to run beside them, comma-separated ({','.join(PEERS)}; nfn_* on "
                     "one-architecture zoos only); needs pip install '.[peers]' (default: none)")
     ap.add_argument("--nfn-epochs", type=int, default=20, help="NFN training epochs (default 20)")
+    ap.add_argument("--curve", nargs="?", const="100,250,500,1000", default=None, metavar="SIZES",
+                    help="a learning curve: every method at these training sizes (default 100,250,500,1000; "
+                    "sizes above what a fold holds are skipped), the same validation and test models at each")
     ap.add_argument("--set", dest="lever", action="append", default=[], metavar="KEY=VALUE",
                     help="a TrainConfig field for the metanetworks (a recipe lever), e.g. --set layers=5; repeatable")
     args = ap.parse_args(argv)
@@ -215,23 +255,35 @@ def main(argv=None) -> None:
         print("recipe levers: " + ", ".join(f"{k}={v}" for k, v in lever.items()), flush=True)
     started = time.perf_counter()
     tables = []
+    curves = []
+    sizes = [int(s) for s in args.curve.split(",")] if args.curve else [None]
     for kind in (BLIND if args.blind else args.zoos.split(",")):
         cat = blind_catalog(kind, n, args.seed) if args.blind else zoo_catalog(kind, n)
         print(f"{kind}: {n}-model zoo, {args.folds} folds, {epochs} epochs", flush=True)
-        per_fold = []
-        peers = PeerRunner(cat, peer_names, seed=args.seed, nfn_epochs=args.nfn_epochs) if peer_names else None
-        for fold in range(args.folds):
-            # every run fits the baselines: a metanetwork's answer is blended with them (jobs.stacking)
-            runs = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=True, lever=lever)
-                    for model in filter(None, args.models.split(","))]
-            per_fold.append(with_statistics_mean(test_predictions(cat, runs) if runs else
-                                                 baseline_predictions(cat, args.folds, fold, args.seed)))
-            if peers is not None:
-                per_fold[-1].update(peer_test_predictions(cat, peers.fold(args.folds, fold), args.folds, fold))
-        table = summarise(kind, per_fold, args.resamples)
-        print("\n".join(table) + "\n", flush=True)
-        tables += table + [""]
+        available = min(training_models(cat, args.folds, fold) for fold in range(args.folds))
+        for size in sizes:
+            if size is not None and size > available:
+                print(f"  {size} training models: skipped, a fold holds {available}", flush=True)
+                continue
+            label = kind if size is None else f"{kind} @ {size} train"
+            at_size = {**lever, **({} if size is None else {"train_size": size})}
+            per_fold = []
+            peers = PeerRunner(cat, peer_names, seed=args.seed, nfn_epochs=args.nfn_epochs) if peer_names else None
+            for fold in range(args.folds):
+                # every run fits the baselines: a metanetwork's answer is blended with them (jobs.stacking)
+                runs = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=True, lever=at_size)
+                        for model in filter(None, args.models.split(","))]
+                per_fold.append(with_statistics_mean(test_predictions(cat, runs) if runs else
+                                                     baseline_predictions(cat, args.folds, fold, args.seed, size)))
+                if peers is not None:
+                    per_fold[-1].update(peer_test_predictions(cat, peers.fold(args.folds, fold), args.folds, fold))
+            table = summarise(label, per_fold, args.resamples)
+            print("\n".join(table) + "\n", flush=True)
+            tables += table + [""]
+            curves.append((kind, size, per_fold))
     print("\n" + "\n".join(tables))
+    if args.curve:
+        print("\n".join(curve_table(curves)))
     print(f"{time.perf_counter() - started:.0f}s in all  (* = interval excludes 0)")
 
 

@@ -51,6 +51,10 @@ class DataConfig:
                         type=click.IntRange(min=0), metavar="K")
     fold: int = option(0, "Which fold (0..K-1) is the test set, with --folds K.", type=click.IntRange(min=0),
                        metavar="I")
+    train_size: int | None = option(None, "Train on at most N of the training models (the first N by a hash of "
+                                    "model_id, so smaller sizes are subsets of larger ones: a learning curve); "
+                                    "validation and test models are unchanged. Default: all.",
+                                    type=click.IntRange(min=2), metavar="N")
     loader_workers: int = option(2, "Threads that stream graphs from DuckDB ahead of the trainer.",
                                  type=click.IntRange(min=0))
     chunk: int = option(64, "Graphs read from DuckDB per query.", type=click.IntRange(min=1))

@@ -8,6 +8,7 @@ a cache bounded in bytes, so later epochs read memory while the zoo fits and Duc
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import queue
 import threading
@@ -65,6 +66,20 @@ class Selection:
 
     def mask(self, split: str) -> np.ndarray:
         return self.splits == split
+
+    def with_training_models(self, n: int) -> "Selection":
+        """The selection with only ``n`` of its training models (validation and test unchanged): the
+        first ``n`` in the order of a hash of model_id, so that smaller sizes are subsets of larger
+        ones (a learning curve adds models, it does not swap them)."""
+        train = list(np.flatnonzero(self.mask("train")))
+        if n >= len(train):
+            return self
+        order = sorted(train, key=lambda i: hashlib.sha256(f"train-size:{self.model_ids[i]}".encode()).digest())
+        keep = np.ones(len(self.model_ids), bool)
+        keep[order[n:]] = False
+        rows = np.flatnonzero(keep)
+        return dataclasses.replace(self, model_ids=[self.model_ids[i] for i in rows], targets=self.targets[rows],
+                                   splits=self.splits[rows], architectures=[self.architectures[i] for i in rows])
 
 
 def _columns(con) -> dict[str, str]:

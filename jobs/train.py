@@ -139,6 +139,8 @@ def _selection(con, catalog: Catalog, cfg: DataConfig) -> tuple[Selection, dict[
     """The run's models and split, checked: enough to train and test, targets the task can learn."""
     sel = select_models(con, cfg.target, cfg.where, cfg.task, cfg.split_column, catalog=catalog,
                         folds=(cfg.folds, cfg.fold) if cfg.folds else None)
+    if cfg.train_size is not None:
+        sel = sel.with_training_models(cfg.train_size)
     counts = {s: int(sel.mask(s).sum()) for s in ("train", "val", "test")}
     if counts["train"] < 2 or counts["test"] < 1:
         raise JobError(f"too few models to train and test: {counts}")

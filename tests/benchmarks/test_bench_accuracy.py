@@ -48,3 +48,17 @@ def test_the_statistics_mean_joins_each_fold_on_the_models_both_learners_scored(
             "ngnn": {"a": (0.5, 0.9)}}
     out = bench_accuracy.with_statistics_mean(fold)
     assert out["statnn_avg"] == {"a": (0.5, 0.30000000000000004)} and out["ngnn"] == fold["ngnn"]
+
+
+def test_the_learning_curve_gives_each_size_its_own_margin():
+    rng = np.random.default_rng(1)
+    curves = []
+    for size, noise in ((100, 0.3), (500, 0.02)):          # the metanetwork catches up with more models
+        folds = [_fold(rng, 200, {"ngnn": noise, "statnn": 0.1, "statnn_mlp": 0.1})[0] for _ in range(2)]
+        curves.append(("cnn", size, [bench_accuracy.with_statistics_mean(f) for f in folds]))
+    lines = bench_accuracy.curve_table(curves)
+    assert lines[1].split() == ["cnn:", "100", "500"]
+    row = {line.split()[0]: line.split()[1:] for line in lines[2:]}
+    assert set(row) == {"ngnn", "statnn", "statnn_mlp", "statnn_avg"}
+    small, large = float(row["ngnn"][1].strip("()")), float(row["ngnn"][3].strip("()"))
+    assert small < 0 < large

@@ -53,3 +53,20 @@ def test_stream_gives_the_same_graphs_with_and_without_cache(catalog_dir):
     assert seen == idx
     again = [i for batch, _ in cached.batches(shard(idx, DistContext(), seed=1), 8) for i in batch]
     assert sorted(again) == idx and again != idx
+
+
+def test_fewer_training_models_are_nested_and_leave_validation_and_test_alone(catalog_dir):
+    """``--train-size N`` (a learning curve): the smaller training sets are subsets of the larger,
+    and the models validated and tested on are the same at every size."""
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", catalog=catalog_dir)
+    con.close()
+    n = int(sel.mask("train").sum())
+    small, large = sel.with_training_models(3), sel.with_training_models(n - 2)
+    assert int(small.mask("train").sum()) == 3 and int(large.mask("train").sum()) == n - 2
+    assert set(small.ids("train")) < set(large.ids("train")) < set(sel.ids("train"))
+    for part in ("val", "test"):
+        assert small.ids(part) == large.ids(part) == sel.ids(part)
+    by_id = dict(zip(sel.model_ids, sel.targets))
+    assert all(by_id[m] == t for m, t in zip(small.model_ids, small.targets))
+    assert sel.with_training_models(n + 5) is sel
