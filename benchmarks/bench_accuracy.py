@@ -8,11 +8,11 @@ exactly one fold. Per fold, in one run:
 
 - every metanetwork of the registry (jobs.predictors: NG-GNN, NG-T) with the project's default
   recipe, and its answer: the metanetwork blended with the mean of StatNN's learners, the weight
-  chosen on validation (``ngnn+statnn+statnn_mlp``, jobs.stacking);
+  chosen on validation (``ngnn+statnn+statnn_mlp``, jobs.predictors.stacking);
 - every tabular predictor of the registry: StatNN as gradient boosting (``statnn``) and as the
   paper's MLP (``statnn_mlp``), each tuned on validation, with shape descriptors on mixed zoos;
   the flat-weights MLP (one-shape zoos); and ``statnn_avg``, the mean of StatNN's two learners;
-- peers (``--peers``, the optional extra ``.[peers]``; ``jobs.peers``): NFN with NP and with HNP
+- peers (``--peers``, the optional extra ``.[peers]``; ``jobs.predictors.peers``): NFN with NP and with HNP
   layers (fixed zoo only: one shape), WeightWatcher's summary metrics as zero-training predictors
   (``ww_alpha`` ...; sign chosen on the training split) and its per-layer metrics into tuned
   gradient boosting (``ww_gbt``).
@@ -42,12 +42,12 @@ from pathlib import Path
 import numpy as np
 
 from _zoos import BLIND, blind_catalog, zoo_catalog
-from jobs.peers import PEERS, PeerRunner
+from jobs.predictors.peers import PEERS, PeerRunner
 from jobs.predictors import PREDICTORS, names
 
 METANETS = tuple(names("metanetwork"))
 TABULAR = tuple(names("tabular"))
-# the statistics predictors, and their mean (what a metanetwork's answer is blended with: jobs.stacking),
+# the statistics predictors, and their mean (what a metanetwork's answer is blended with: jobs.predictors.stacking),
 # computed here per fold so that the paired difference is against the strongest statistics
 STATNNS = (*(n for n in TABULAR if PREDICTORS[n].stack), "statnn_avg")
 
@@ -56,7 +56,7 @@ def overrides(pairs: list[str]) -> dict:
     """``--set key=value`` pairs as TrainConfig fields (a lever of the recipe, e.g. layers=5)."""
     from dataclasses import fields
 
-    from jobs.train import TrainConfig
+    from jobs.training.train import TrainConfig
     from zoocore.settings import typed_pairs
 
     try:
@@ -67,7 +67,7 @@ def overrides(pairs: list[str]) -> dict:
 
 def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: int, baselines: bool,
              lever: dict | None = None) -> str:
-    from jobs.train import TrainConfig, train_heterognn
+    from jobs.training.train import TrainConfig, train_heterognn
 
     settings = {"epochs": epochs, "patience": max(5, epochs // 3), **(lever or {})}   # 10 -> 5, the default
     cfg = TrainConfig(folds=folds, fold=fold, seed=seed, model=model, baselines=baselines, **settings)
@@ -86,8 +86,8 @@ def baseline_predictions(cat: Path, folds: int, fold: int, seed: int, train_size
     train-heterognn`` fits them (on ``train_size`` training models), without a metanetwork
     (``--models ''``: baselines and peers only)."""
     from graphstore import duck
-    from jobs.data import select_models
-    from jobs.tabular import fit_all
+    from jobs.training.data import select_models
+    from jobs.predictors.tabular import fit_all
 
     t = time.perf_counter()
     con = duck.connect(cat)
@@ -105,7 +105,7 @@ def baseline_predictions(cat: Path, folds: int, fold: int, seed: int, train_size
 def training_models(cat: Path, folds: int, fold: int) -> int:
     """How many training models fold ``fold`` holds."""
     from graphstore import duck
-    from jobs.data import select_models
+    from jobs.training.data import select_models
 
     con = duck.connect(cat)
     try:
@@ -117,7 +117,7 @@ def training_models(cat: Path, folds: int, fold: int) -> int:
 def curve_table(curves: list[tuple[str, int, list[dict]]]) -> list[str]:
     """Mean test tau per zoo, method and training size (the learning curve), and the margin of each
     method over the strongest statistics at that size."""
-    from jobs.compare import kendall_tau
+    from jobs.training.compare import kendall_tau
 
     lines = ["learning curve: mean test tau over folds (margin over the strongest statistics at that size)"]
     for kind in dict.fromkeys(k for k, _, _ in curves):
@@ -165,7 +165,7 @@ def peer_test_predictions(cat: Path, preds: dict[str, dict[str, float]], folds: 
     """The peers' predictions (method -> {model_id: prediction}) on fold ``fold``'s test models, as
     ``test_predictions`` gives them: method -> {model_id: (target, prediction)}."""
     from graphstore import duck
-    from jobs.data import fold_split
+    from jobs.training.data import fold_split
 
     con = duck.connect(cat, ["models"])
     target = dict(con.execute("SELECT model_id, test_accuracy FROM models WHERE test_accuracy IS NOT NULL").fetchall())
@@ -182,7 +182,7 @@ def _arrays(preds: dict[str, tuple[float, float]], ids=None) -> tuple[np.ndarray
 def summarise(kind: str, per_fold: list[dict[str, dict]], resamples: int) -> list[str]:
     from sklearn.metrics import mean_absolute_error, r2_score
 
-    from jobs.compare import kendall_tau, paired_bootstrap
+    from jobs.training.compare import kendall_tau, paired_bootstrap
 
     seen = sorted({m for f in per_fold for m in f} - {*METANETS, *STATNNS, *TABULAR})
     # a method that scored under half of a fold's test models (the flat-weights MLP on a zoo of many
@@ -245,7 +245,7 @@ def main(argv=None) -> None:
                     help="a TrainConfig field for the metanetworks (a recipe lever), e.g. --set layers=5; repeatable")
     args = ap.parse_args(argv)
     n = args.n or (1500 if args.full else 400)
-    from jobs.train import OptimConfig
+    from jobs.training.train import OptimConfig
 
     epochs = args.epochs or OptimConfig.epochs
     # quick mode trains one metanetwork per fold, not the recipe's ensemble of 3, to stay under 20 minutes
@@ -270,7 +270,7 @@ def main(argv=None) -> None:
             per_fold = []
             peers = PeerRunner(cat, peer_names, seed=args.seed, nfn_epochs=args.nfn_epochs) if peer_names else None
             for fold in range(args.folds):
-                # every run fits the baselines: a metanetwork's answer is blended with them (jobs.stacking)
+                # every run fits the baselines: a metanetwork's answer is blended with them (jobs.predictors.stacking)
                 runs = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=True, lever=at_size)
                         for model in filter(None, args.models.split(","))]
                 per_fold.append(with_statistics_mean(test_predictions(cat, runs) if runs else

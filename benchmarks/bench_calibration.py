@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 from graphstore import duck
-from jobs.tasks import CALIBRATIONS, Regression, TargetScale
+from jobs.training.tasks import CALIBRATIONS, Regression, TargetScale
 
 
 def saved_predictions(con, run_id: str, method: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:

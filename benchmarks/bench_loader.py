@@ -26,8 +26,8 @@ CHILD = r"""
 import json, resource, sys, time
 import numpy as np, torch, dgl
 from graphstore import duck
-from jobs.data import GraphStream, layer_stats, select_models
-from jobs.ngnn import NGGNN, NGGNNConfig
+from jobs.training.data import GraphStream, layer_stats, select_models
+from jobs.metanets.ngnn import NGGNN, NGGNNConfig
 mode, catalog = sys.argv[1], sys.argv[2]
 con = duck.connect(catalog)
 sel = select_models(con, "test_accuracy")

@@ -11,8 +11,8 @@ import numpy as np
 from _zoos import CACHE
 
 from graphstore import duck
-from jobs.merge import MergeConfig, merge_models
-from jobs.train import TrainConfig, train_heterognn
+from jobs.analysis.merge import MergeConfig, merge_models
+from jobs.training.train import TrainConfig, train_heterognn
 from pipeline.ingest import ingest_zoo
 from pipeline.zoo.make import make_zoo
 

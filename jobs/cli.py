@@ -49,7 +49,7 @@ def train_heterognn_cmd(catalog, neo4j_uri, neo4j_user, neo4j_password, **option
     Data-parallel on several processes, GPUs or machines (gloo on CPU, NCCL with --device cuda):
       torchrun --standalone --nproc-per-node 2 -m jobs.cli train-heterognn ...
     Each rank streams its own shard of the models; rank 0 writes the results."""
-    from jobs.train import train_heterognn
+    from jobs.training.train import train_heterognn
 
     root = existing_catalog(catalog)
     cfg = from_options(TrainConfig, options)
@@ -73,8 +73,8 @@ def train_heterognn_cmd(catalog, neo4j_uri, neo4j_user, neo4j_password, **option
 def predict(catalog, run_id, where, device, neo4j_uri, neo4j_user, neo4j_password):
     """Apply a trained metanetwork to (newly ingested) models and write their predictions."""
     from graphstore.catalog import Catalog
-    from jobs.run_weights import require_run
-    from jobs.train import predict as run_predict
+    from jobs.training.run_weights import require_run
+    from jobs.training.train import predict as run_predict
 
     root = existing_catalog(catalog)
     require_run(Catalog(root), run_id)              # a name the catalog lists, before anything is opened
@@ -95,7 +95,7 @@ def predict(catalog, run_id, where, device, neo4j_uri, neo4j_user, neo4j_passwor
 def retrieve(model_id, k, run_id, write_back, fmt, catalog, neo4j_uri, neo4j_user, neo4j_password):
     """The K models whose NG-GNN embeddings are most similar (cosine) to MODEL_ID, with their
     architecture, accuracy and similarity."""
-    from jobs.analytics import retrieve as run_retrieve
+    from jobs.analysis.analytics import retrieve as run_retrieve
 
     root = existing_catalog(catalog)
     store = open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) if write_back else None
@@ -121,7 +121,7 @@ def classify(run_id, target, png, catalog):
     """Linear probe (logistic regression) on a run's frozen embeddings for any categorical
     column: accuracy, macro-F1 and a confusion matrix, i.e. how well an embedding trained for
     one task transfers to another."""
-    from jobs.analytics import classify as run_classify
+    from jobs.analysis.analytics import classify as run_classify
     from zoocore.config import catalog_dir
 
     res = run_classify(catalog_dir(catalog), run_id, target, png or f"confusion-{target}.png")
@@ -156,7 +156,7 @@ def merge(model_a, model_b, method, alpha, run_id, points, no_reset_bn, out, ing
     neurons to A's, permute B through the exact graph inverse, interpolate the weights. Prints
     test accuracy, test loss and the loss barrier of both parents, naive averaging and each
     alignment method."""
-    from jobs.merge import MergeConfig, merge_models
+    from jobs.analysis.merge import MergeConfig, merge_models
 
     if ingest and not out:
         raise click.UsageError("--ingest needs --out FILE")
@@ -216,7 +216,7 @@ def layer_equivariance(catalog, where, transforms, samples, seed, noise_std, fmt
                     JOIN models m USING (model_id) GROUP BY ALL"
 
     and the errors to the graph store as model properties equivariance_<transform>_f<i>."""
-    from jobs.layer_equivariance import analyse_catalog
+    from jobs.analysis.layer_equivariance import analyse_catalog
     from zoocore.config import catalog_dir
 
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password) as (store, warning):

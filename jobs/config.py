@@ -13,20 +13,20 @@ import click
 from jobs.predictors import PREDICTORS, help_text
 from zoocore.dataclass_cli import option
 
-ATTENTION_GROUPS = ("all", "direction", "relation")       # what one NG-T attention softmax runs over (jobs.ngt)
+ATTENTION_GROUPS = ("all", "direction", "relation")       # what one NG-T attention softmax runs over (jobs.metanets.ngt)
 
 
 class TaskNames(Sequence):
-    """Names jobs.tasks defines (``TASKS`` with ``auto`` first, or ``CALIBRATIONS``), read when
+    """Names jobs.training.tasks defines (``TASKS`` with ``auto`` first, or ``CALIBRATIONS``), read when
     click first asks, so that importing the CLI stays free of torch."""
 
     def __init__(self, what: str = "TASKS"):
         self.what = what
 
     def _names(self) -> list[str]:
-        import jobs.tasks
+        import jobs.training.tasks
 
-        names = list(getattr(jobs.tasks, self.what))
+        names = list(getattr(jobs.training.tasks, self.what))
         return ["auto", *names] if self.what == "TASKS" else names
 
     def __getitem__(self, i):
@@ -108,7 +108,7 @@ class OptimConfig:
 @dataclass(kw_only=True)
 class MetanetConfig:
     """A metanetwork's own hyperparameters, as the CLI offers them and as runs save them;
-    jobs.ngnn.NGGNNConfig adds what the selected models fix (edge types, kernel frame, outputs).
+    jobs.metanets.ngnn.NGGNNConfig adds what the selected models fix (edge types, kernel frame, outputs).
     A field added here is an option of ``jobs train-heterognn`` and reaches the metanetwork; give
     ``LEGACY`` the value that reproduces runs saved before it existed."""
     hidden: int = option(64, "Node embedding width.", type=click.IntRange(min=4))
@@ -140,7 +140,7 @@ class MetanetConfig:
                                       type=click.FloatRange(min=0.0, max=1.0, max_open=True))
 
 
-# what runs saved before a field existed computed (jobs.ngnn.NGGNNConfig.from_dict fills them in)
+# what runs saved before a field existed computed (jobs.metanets.ngnn.NGGNNConfig.from_dict fills them in)
 LEGACY = {"readout_outputs": 0, "fourier": 0, "attention_std": False, "relation_values": False}
 
 

@@ -11,7 +11,7 @@ import torch
 
 from graphstore import duck
 from graphstore.catalog import Catalog
-from jobs.data import LayerStats, layer_stats_of_graphs, normalised_graph, select_models
+from jobs.training.data import LayerStats, layer_stats_of_graphs, normalised_graph, select_models
 from jobs.editing.siren import MLPLayout, Params
 from jobs.editing.targets import target_pixels
 from pipeline.neural_graph.build import state_dict_from_graph

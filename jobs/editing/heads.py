@@ -25,7 +25,7 @@ from torch import nn
 
 from jobs.editing.data import EditData
 from jobs.metanets import build_metanetwork
-from jobs.ngnn import NGGNNConfig, mlp
+from jobs.metanets.ngnn import NGGNNConfig, mlp
 from zoocore.errors import JobError
 
 HEAD_INIT = 0.1        # scale of the heads' last layer at initialisation (default init times this)

@@ -38,8 +38,8 @@ from jobs.editing.heads import GraphEditor, NFNEditor, nfn_available
 from jobs.editing.siren import MLPLayout, Params, mlp_forward, pixel_grid, widen, widened_spec
 from jobs.editing.targets import EDITS
 from jobs.config import LEGACY
-from jobs.ngnn import NGGNNConfig
-from jobs.run_weights import read_weights, require_run, weights_files
+from jobs.metanets.ngnn import NGGNNConfig
+from jobs.training.run_weights import read_weights, require_run, weights_files
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.graph import NeuralGraph
 from zoocore.errors import JobError
@@ -340,7 +340,7 @@ def save_editor(catalog: Catalog, run_id: str, editor: GraphEditor, data: EditDa
 
 
 def load_editor(catalog: Catalog | str, run_id: str, device: str = "cpu") -> tuple[GraphEditor, dict]:
-    """The trained editor of a run (weights read as tensors only: jobs.run_weights) and its metadata."""
+    """The trained editor of a run (weights read as tensors only: jobs.training.run_weights) and its metadata."""
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     require_run(catalog, run_id)
     raw = catalog.read_artifact(run_id, "metanet.json")

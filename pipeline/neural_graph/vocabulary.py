@@ -5,7 +5,7 @@ names, never reorder. Each activation is one record: its name, the torch module 
 uses for it, the ATen ops the tracer reads as it, its function, and the hidden-neuron symmetries it
 keeps beyond permutation. Every table of activations elsewhere is read from these records: the
 tracer's ATen map (plan.py), the spec builder's modules (spec.py) and planner's names
-(spec_plan.py), probe forward passes (jobs.probes), the scaling symmetries (symmetry.py) and the
+(spec_plan.py), probe forward passes (jobs.metanets.probes), the scaling symmetries (symmetry.py) and the
 editor's functional forward (jobs.editing.siren).
 """
 from __future__ import annotations

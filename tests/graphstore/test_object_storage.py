@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from graphstore import duck
 from graphstore.catalog import Catalog
-from jobs.train import TrainConfig, load_metanetwork, predict, train_heterognn
+from jobs.training.train import TrainConfig, load_metanetwork, predict, train_heterognn
 from pipeline.cli import main as pipeline_cli
 from pipeline.ingest import ingest_zoo
 

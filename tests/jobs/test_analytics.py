@@ -10,9 +10,9 @@ from safetensors.torch import save_file
 from graphstore import duck
 from graphstore.metadata import open_store
 from graphstore.sync import sync_store
-from jobs.analytics import classify, load_embeddings, precision_at_k, retrieve
+from jobs.analysis.analytics import classify, load_embeddings, precision_at_k, retrieve
 from jobs.cli import main as jobs_cli
-from jobs.train import TrainConfig, predict, train_heterognn
+from jobs.training.train import TrainConfig, predict, train_heterognn
 from pipeline.ingest import ingest_zoo
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.convert import convert_checkpoint

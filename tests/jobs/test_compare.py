@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from jobs.compare import kendall_tau, paired_bootstrap
+from jobs.training.compare import kendall_tau, paired_bootstrap
 
 
 def _folds(rng, n=150, k=3):

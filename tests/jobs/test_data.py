@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from graphstore import duck
-from jobs.data import GraphStream, hash_split, layer_stats, select_models
-from jobs.distributed import DistContext, shard
+from jobs.training.data import GraphStream, hash_split, layer_stats, select_models
+from jobs.training.distributed import DistContext, shard
 from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.vocabulary import RELATIONS
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from graphstore import duck
-from jobs.distributed import DistContext, local_batch_size, shard
+from jobs.training.distributed import DistContext, local_batch_size, shard
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent

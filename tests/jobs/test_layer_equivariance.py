@@ -11,7 +11,7 @@ from graphstore.metadata import open_store
 from graphstore.sql import run_readonly
 from graphstore.sync import sync_store
 from jobs.cli import main as jobs_cli
-from jobs.layer_equivariance import (analyse_catalog, best_group_map, fit_layers, matched_row_share,
+from jobs.analysis.layer_equivariance import (analyse_catalog, best_group_map, fit_layers, matched_row_share,
                                      nearest_permutation_distance, nearest_signed_permutation, neuron_roles,
                                      ridge_fit)
 from pipeline.cli import main as pipeline_cli

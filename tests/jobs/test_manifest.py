@@ -5,11 +5,11 @@ from dataclasses import asdict, fields
 import numpy as np
 import pytest
 
-from jobs.data import LayerStats
-from jobs.manifest import RunManifest
-from jobs.ngnn import NGGNNConfig
-from jobs.tasks import TargetScale
-from jobs.train import DataConfig, ModelConfig, OptimConfig, TrainConfig, metanet_config
+from jobs.training.data import LayerStats
+from jobs.training.manifest import RunManifest
+from jobs.metanets.ngnn import NGGNNConfig
+from jobs.training.tasks import TargetScale
+from jobs.training.train import DataConfig, ModelConfig, OptimConfig, TrainConfig, metanet_config
 from zoocore.errors import JobError
 
 ETYPES = [("input", "conv", "hidden"), ("hidden", "linear", "output")]

@@ -10,10 +10,10 @@ from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from graphstore import duck
-from jobs.catalog_models import load_model
+from jobs.analysis.catalog_models import load_model
 from jobs.cli import main as jobs_cli
-from jobs.merge import MergeConfig, merge_models
-from jobs.train import TrainConfig, train_heterognn
+from jobs.analysis.merge import MergeConfig, merge_models
+from jobs.training.train import TrainConfig, train_heterognn
 from pipeline.checkpoints import load_state_dict
 from pipeline.ingest import ingest_zoo
 from pipeline.neural_graph.symmetry import random_hidden_permutation

@@ -3,7 +3,7 @@ the registered kinds, and an unknown kind is refused naming the known ones."""
 import pytest
 
 from jobs.metanets import METANETWORKS, build_metanetwork, metanetwork_class
-from jobs.ngnn import NGGNN, NGGNNConfig
+from jobs.metanets.ngnn import NGGNN, NGGNNConfig
 
 ETYPES = [("input", "linear", "hidden"), ("hidden", "linear", "output"),
           ("hidden", "rev_linear", "input"), ("output", "rev_linear", "hidden")]
@@ -37,7 +37,7 @@ def test_the_cli_defaults_are_the_library_recipe():
     import click
 
     from jobs.cli import train_heterognn_cmd
-    from jobs.train import TrainConfig
+    from jobs.training.train import TrainConfig
 
     recipe = {f.name: getattr(TrainConfig(), f.name) for f in fields(TrainConfig)}
     checked, ctx = set(), click.Context(train_heterognn_cmd)
@@ -51,7 +51,7 @@ def test_the_cli_defaults_are_the_library_recipe():
         checked.add(field)
     assert {"epochs", "ensemble", "patience", "calibrate", "calibration", "rank_weight", "attention_groups",
             "attention_std", "relation_values", "fourier", "bn_stats", "hidden", "layers", "lr", "model"} <= checked
-    from jobs.tasks import CALIBRATIONS
+    from jobs.training.tasks import CALIBRATIONS
 
     choice = next(p for p in train_heterognn_cmd.params if p.name == "calibration").type.choices
     assert tuple(choice) == CALIBRATIONS

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from graphstore import duck
-from jobs.data import layer_stats, normalised_graph, select_models
-from jobs.ngnn import NGGNN, NGGNNConfig, _key, mlp
-from jobs.relational_kernels import segment_max
+from jobs.training.data import layer_stats, normalised_graph, select_models
+from jobs.metanets.ngnn import NGGNN, NGGNNConfig, _key, mlp
+from jobs.metanets.relational_kernels import segment_max
 from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.vocabulary import NODE_TYPES
 

@@ -6,11 +6,11 @@ from click.testing import CliRunner
 
 from graphstore import duck
 from graphstore.catalog import Catalog
-from jobs.data import layer_stats, normalised_graph, select_models
+from jobs.training.data import layer_stats, normalised_graph, select_models
 from jobs.metanets import build_metanetwork
-from jobs.ngnn import NGGNNConfig
-from jobs.ngt import NGT
-from jobs.train import TrainConfig, load_metanetwork, predict, train_heterognn
+from jobs.metanets.ngnn import NGGNNConfig
+from jobs.metanets.ngt import NGT
+from jobs.training.train import TrainConfig, load_metanetwork, predict, train_heterognn
 from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 from tests.conftest import ingest_with_split_column
@@ -102,7 +102,7 @@ def test_both_metanetworks_take_the_users_split_column(tmp_path, cnn_zoo):
 def test_group_softmax_is_dgls_edge_softmax_per_group():
     import dgl
 
-    from jobs.ngt import group_softmax
+    from jobs.metanets.ngt import group_softmax
 
     gen = torch.Generator().manual_seed(0)
     src, dst = torch.randint(0, 6, (40,), generator=gen), torch.randint(0, 6, (40,), generator=gen)
@@ -123,7 +123,7 @@ def test_an_ngt_saved_before_the_spread_read_and_relation_values_loads_as_it_was
     """Runs saved before ``attention_std`` and ``relation_values`` existed have no such keys: they load
     without them (output maps one block wide, one shared value map), while new runs get both from the
     recipe."""
-    from jobs.train import ModelConfig, metanet_config
+    from jobs.training.train import ModelConfig, metanet_config
 
     etypes = [("input", "w", "hidden"), ("hidden", "rev_w", "input")]
     new = metanet_config(ModelConfig(model="ngt", hidden=16, edge_hidden=8, layers=1), etypes, (1, 1), 1)
@@ -144,7 +144,7 @@ def test_an_ngt_saved_before_the_spread_read_and_relation_values_loads_as_it_was
 def test_attention_dropout_acts_while_training_only(catalog_dir):
     """--attention-dropout reaches NG-T's attention from its one field: training outputs vary with
     it, evaluation outputs do not."""
-    from jobs.train import ModelConfig, metanet_config
+    from jobs.training.train import ModelConfig, metanet_config
 
     con = duck.connect(catalog_dir)
     sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from graphstore import duck
-from jobs.data import layer_stats, normalised_graph, select_models
+from jobs.training.data import layer_stats, normalised_graph, select_models
 from jobs.metanets import build_metanetwork
-from jobs.ngnn import NGGNNConfig
+from jobs.metanets.ngnn import NGGNNConfig
 from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 

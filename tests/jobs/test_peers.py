@@ -1,4 +1,4 @@
-"""Peer methods' inputs (jobs.peers) on a real fixed-architecture zoo: NFN's weight-space layout,
+"""Peer methods' inputs (jobs.predictors.peers) on a real fixed-architecture zoo: NFN's weight-space layout,
 the flat-weights vector, WeightWatcher's metrics, and the symmetries each should (or should not) have."""
 import json
 
@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 
 from graphstore import duck
 from pipeline.graph_codec import read_graphs
-from jobs import peers
-from jobs.baselines import flat_weights
+from jobs.predictors import peers
+from jobs.predictors.baselines import flat_weights
 from pipeline.ingest import ingest_zoo
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.symmetry import random_hidden_permutation
@@ -132,7 +132,7 @@ def test_weightwatcher_metrics_are_per_layer_and_permutation_invariant(fixed):
 
 
 def test_zero_training_predictor_takes_its_sign_from_the_training_split():
-    from jobs.compare import kendall_tau
+    from jobs.training.compare import kendall_tau
 
     rng = np.random.default_rng(0)
     y = rng.uniform(0.1, 0.9, 200)
@@ -149,7 +149,7 @@ def test_zero_training_predictor_takes_its_sign_from_the_training_split():
 
 
 def test_models_differing_only_in_activation_share_one_parameter_shape(fixed):
-    from jobs.baselines import parameter_shapes
+    from jobs.predictors.baselines import parameter_shapes
 
     catalog, _, ids, _ = fixed
     con = duck.connect(catalog)

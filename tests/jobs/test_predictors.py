@@ -12,8 +12,8 @@ from jobs.predictors import PREDICTORS, entry, names, predictor_class, tabular_p
 
 
 def test_every_entry_names_a_class_of_its_family():
-    from jobs.ngnn import NGGNN
-    from jobs.tabular import TabularPredictor
+    from jobs.metanets.ngnn import NGGNN
+    from jobs.predictors.tabular import TabularPredictor
 
     for name, e in PREDICTORS.items():
         cls = predictor_class(name)
@@ -33,7 +33,7 @@ def test_a_tabular_predictor_saved_and_loaded_predicts_the_same(catalog_dir, nam
     """Saved as JSON plus its training rows (safetensors), loaded by refitting: the same answers."""
     from safetensors.numpy import load, save
 
-    from jobs.data import select_models
+    from jobs.training.data import select_models
 
     con = duck.connect(catalog_dir)
     try:

@@ -4,7 +4,7 @@ from click.testing import CliRunner
 
 from graphstore.cli import main as graphstore_cli
 from jobs.cli import main as jobs_cli
-from jobs.train import TrainConfig, train_heterognn
+from jobs.training.train import TrainConfig, train_heterognn
 from pipeline.cli import main as pipeline_cli
 from zoocore.errors import JobError
 

@@ -14,8 +14,8 @@ from graphstore.catalog import Catalog
 from graphstore.metadata.ladybug_store import LadybugStore
 from graphstore.schema import RUNS
 from graphstore.sync import sync_store
-from jobs.data import select_models
-from jobs.train import write_run
+from jobs.training.data import select_models
+from jobs.training.train import write_run
 
 
 @pytest.mark.slow

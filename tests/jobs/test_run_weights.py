@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from graphstore.catalog import Catalog
-from jobs.run_weights import read_weights, weights_files
+from jobs.training.run_weights import read_weights, weights_files
 from zoocore.errors import JobError
 
 

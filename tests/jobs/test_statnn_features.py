@@ -2,7 +2,7 @@
 import numpy as np
 import torch
 
-from jobs.baselines import statnn_features_of_graphs
+from jobs.predictors.baselines import statnn_features_of_graphs
 from pipeline.neural_graph.convert import convert_module
 from pipeline.neural_graph.vocabulary import RELATIONS, UNIT_RELATIONS
 from tests.pipeline.test_windowed_attention import tiny_swin_v2
@@ -29,9 +29,9 @@ def test_sql_and_in_memory_statistics_agree_and_statnn_stays_in_range(catalog_di
     (index slots, position slots, norm layers), and both StatNN learners predict inside the
     training targets' range (an unclipped MLP once scored R^2 -48 on a zoo it had not seen)."""
     from graphstore import duck
-    from jobs.baselines import statnn_features
-    from jobs.tabular import fit_all
-    from jobs.data import select_models
+    from jobs.predictors.baselines import statnn_features
+    from jobs.predictors.tabular import fit_all
+    from jobs.training.data import select_models
     from pipeline.neural_graph.convert import convert_checkpoint
 
     con = duck.connect(catalog_dir)

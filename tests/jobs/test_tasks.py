@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from jobs.losses import RankedMSE
-from jobs.tasks import TASKS, Classification, Regression, task_named
+from jobs.training.losses import RankedMSE
+from jobs.training.tasks import TASKS, Classification, Regression, task_named
 from zoocore.errors import JobError
 
 
@@ -122,7 +122,7 @@ def test_tasks_own_their_names_choices_and_detection():
     import pytest
 
     from jobs.cli import train_heterognn_cmd
-    from jobs.tasks import TASKS, task_for_column, task_named
+    from jobs.training.tasks import TASKS, task_for_column, task_named
     from zoocore.errors import JobError
 
     choice = next(p for p in train_heterognn_cmd.params if p.name == "task").type

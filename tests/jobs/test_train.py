@@ -7,9 +7,9 @@ import torch
 
 from graphstore import duck
 from graphstore.catalog import Catalog
-from jobs.compare import kendall_tau
-from jobs.data import hash_split, normalised_graph
-from jobs.train import TrainConfig, load_metanetwork, predict, train_heterognn
+from jobs.training.compare import kendall_tau
+from jobs.training.data import hash_split, normalised_graph
+from jobs.training.train import TrainConfig, load_metanetwork, predict, train_heterognn
 from pipeline.ingest import ingest_zoo
 from pipeline.neural_graph.convert import convert_checkpoint
 from pipeline.neural_graph.symmetry import random_hidden_permutation
@@ -83,7 +83,7 @@ def test_predict_applies_the_saved_metanetwork_to_new_models(trained, tmp_path):
 def test_a_saved_baseline_refits_to_the_same_predictions(trained):
     """The blend's partner is saved as its training rows and hyperparameters, not pickled: refitted
     from them it predicts what it predicted when the run was trained."""
-    from jobs.stacking import read_stack
+    from jobs.predictors.stacking import read_stack
 
     root, report = trained
     stack = read_stack(Catalog(root), report.run_id)

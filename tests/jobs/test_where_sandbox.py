@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from graphstore import duck
 from jobs.cli import main as jobs_cli
-from jobs.data import select_models
+from jobs.training.data import select_models
 from zoocore.errors import JobError
 
 EVIL = "1=1 AND (SELECT count(*) FROM read_csv('/etc/passwd'))>0"

@@ -1,4 +1,4 @@
-"""The features and learners of the tabular predictors (jobs.tabular): what StatNN and the flat
+"""The features and learners of the tabular predictors (jobs.predictors.tabular): what StatNN and the flat
 MLP read from the catalog, and how a scikit-learn learner is tuned on validation.
 
 - StatNN (Unterthiner et al., 2020): statistics of weights and biases (mean, variance, quantiles
@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from jobs.tasks import task_named
+from jobs.training.tasks import task_named
 from pipeline.neural_graph.vocabulary import UNIT_RELATIONS
 
 QUANTILES = [0.0, 0.25, 0.5, 0.75, 1.0]
@@ -207,7 +207,7 @@ def _estimator(learner: str, task: str, params: dict, n_train: int, seed: int):
     from sklearn.neural_network import MLPClassifier, MLPRegressor
     from sklearn.pipeline import make_pipeline
 
-    if callable(learner):           # a predictor's own learner (jobs.tabular: ``learner`` as a function)
+    if callable(learner):           # a predictor's own learner (jobs.predictors.tabular: ``learner`` as a function)
         return learner(task, params, n_train, seed)
     params = dict(params)
     scaler = params.pop("scaler", "standard")
@@ -236,7 +236,7 @@ def fit_tuned(x: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray, 
     """A ``learner`` (gbt | mlp) with its hyperparameters chosen on the validation rows (Kendall tau
     for regression, accuracy for classification) from ``grid`` (default GBT_GRID / MLP_GRID), then
     fitted on the training rows: the care every tabular baseline gets (StatNN, the flat-weights MLP,
-    WeightWatcher's per-layer metrics in jobs.peers).
+    WeightWatcher's per-layer metrics in jobs.predictors.peers).
 
     Args:
         x: (n, k) features, NaN where missing; y: (n,) targets; train, val: (n,) bool masks.
@@ -265,7 +265,7 @@ def fit_tuned(x: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray, 
 
 def fit_params(x: np.ndarray, y: np.ndarray, task: str, learner: str, params: dict, seed: int):
     """A ``learner`` with these hyperparameters fitted on all rows of ``x``; regressors clipped to
-    the range of ``y``. Deterministic given ``seed``: a saved run refits it (jobs.tabular)."""
+    the range of ``y``. Deterministic given ``seed``: a saved run refits it (jobs.predictors.tabular)."""
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning

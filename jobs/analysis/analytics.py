@@ -14,7 +14,7 @@ import pyarrow as pa
 from graphstore import duck
 from graphstore.catalog import Catalog
 from graphstore.schema import SIMILAR
-from jobs.data import hash_split
+from jobs.training.data import hash_split
 from zoocore.errors import JobError
 from zoocore.names import check_name
 

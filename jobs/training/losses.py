@@ -1,4 +1,4 @@
-"""Training losses that are more than torch's own (jobs.tasks picks one per task)."""
+"""Training losses that are more than torch's own (jobs.training.tasks picks one per task)."""
 from __future__ import annotations
 
 import torch

@@ -3,7 +3,7 @@ any other predictor should clear. Missing slots are imputed with indicator colum
 features standardised; the penalty is chosen on the validation split."""
 from __future__ import annotations
 
-from jobs.tabular import StatNN
+from jobs.predictors.tabular import StatNN
 
 
 class StatNNRidge(StatNN):
@@ -17,7 +17,7 @@ class StatNNRidge(StatNN):
         from sklearn.pipeline import make_pipeline
         from sklearn.preprocessing import StandardScaler
 
-        from jobs.tasks import task_named
+        from jobs.training.tasks import task_named
 
         model = Ridge if task_named(task).numeric else RidgeClassifier
         return make_pipeline(SimpleImputer(strategy="constant", fill_value=0.0, add_indicator=True), StandardScaler(),

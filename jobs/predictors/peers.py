@@ -19,8 +19,8 @@ StatNN on the same folds (issue #13). Their packages are the optional extra ``pe
   chosen on the training split (Kendall tau), mapped to accuracy by a least-squares line on the
   training split so R^2 and MAE mean something (tau does not depend on the line); its per-layer
   metrics (``WW_LAYER``, padded per layer position) go to gradient boosting tuned on validation
-  like StatNN (``jobs.baselines.fit_tuned``, with StatNN's shape descriptors on mixed zoos).
-- The flat-weights MLP is a baseline of every run (``jobs.baselines.run_flat_mlp``), not here.
+  like StatNN (``jobs.predictors.baselines.fit_tuned``, with StatNN's shape descriptors on mixed zoos).
+- The flat-weights MLP is a baseline of every run (``jobs.predictors.baselines.run_flat_mlp``), not here.
 
 Every method returns ``{model_id: prediction}`` for the selection's models; the benchmark scores
 the test models of each fold.
@@ -41,8 +41,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from jobs.data import Selection
-from jobs.tasks import task_named
+from jobs.training.data import Selection
+from jobs.training.tasks import task_named
 from zoocore.errors import JobError
 
 WW_SUMMARY = ("alpha", "alpha_weighted", "log_alpha_norm", "log_norm", "log_spectral_norm", "stable_rank")
@@ -179,7 +179,7 @@ NFN_GRID = [{"lr": lr, "hchannels": (16, 16, 5)} for lr in (1e-3, 3e-4)]
 
 
 def _tau(y, p) -> float:
-    from jobs.compare import kendall_tau
+    from jobs.training.compare import kendall_tau
 
     return kendall_tau(y, p)
 
@@ -298,7 +298,7 @@ def zero_training(metric: np.ndarray, y: np.ndarray, train: np.ndarray) -> tuple
 def run_ww(table: WWTable, con, sel: Selection, seed: int = 0) -> dict[str, tuple[np.ndarray, str]]:
     """WeightWatcher's predictors on the selection: ``ww_<metric>`` per summary metric (zero
     training) and ``ww_gbt`` (per-layer metrics into tuned gradient boosting)."""
-    from jobs.baselines import fit_tuned, shape_features
+    from jobs.predictors.baselines import fit_tuned, shape_features
 
     rows = table.rows(sel.model_ids)
     train, val = sel.mask("train"), sel.mask("val")
@@ -346,8 +346,8 @@ class PeerRunner:
     def fold(self, folds: int, fold: int, target: str = "test_accuracy") -> dict[str, dict[str, float]]:
         """method -> {model_id: prediction} for every selected model of fold ``fold`` of ``folds``."""
         from graphstore import duck
-        from jobs.baselines import parameter_shapes
-        from jobs.data import select_models
+        from jobs.predictors.baselines import parameter_shapes
+        from jobs.training.data import select_models
 
         unknown = set(self.methods) - set(PEERS)
         if unknown:

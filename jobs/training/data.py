@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from graphstore.sql import run_readonly
-from jobs.tasks import task_for_column, task_named
+from jobs.training.tasks import task_for_column, task_named
 from pipeline.graph_codec import ids_table, read_graphs, read_plans
 from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.heterograph import CanonicalEtype, build_heterograph, reframe, with_reverses
@@ -335,7 +335,7 @@ class GraphStream:
 
     def batches(self, indices: Sequence[int], batch_size: int) -> Iterator[tuple[np.ndarray, list]]:
         """Yield (indices, graphs) batches in the order given (training shuffles and shards with
-        ``jobs.distributed.shard``); chunks are read ahead by worker threads."""
+        ``jobs.training.distributed.shard``); chunks are read ahead by worker threads."""
         idx = np.array(indices, dtype=np.int64)
         groups = [idx[i:i + batch_size] for i in range(0, len(idx), batch_size)]
         if not groups:

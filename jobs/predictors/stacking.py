@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jobs.tasks import Task
+from jobs.training.tasks import Task
 
 WEIGHTS = np.round(np.linspace(0.0, 1.0, 11), 2)
 STACK_FORMAT = "zoograph.stack/1"
@@ -44,7 +44,7 @@ class Stack:
     metanetwork: str
     partners: list[str]                    # tabular predictors' names (jobs.predictors)
     weight: float
-    predictors: list = field(default_factory=list)     # the fitted partners (jobs.tabular), in that order
+    predictors: list = field(default_factory=list)     # the fitted partners (jobs.predictors.tabular), in that order
     predictions: np.ndarray | None = None
 
     @property
@@ -67,8 +67,8 @@ class Stack:
         return {self.name: self.apply(metanet, list(parts.values())), **parts}
 
     def files(self) -> dict[str, bytes]:
-        """``stack.json`` and each partner's files (jobs.run_weights.predictor_files)."""
-        from jobs.run_weights import predictor_files
+        """``stack.json`` and each partner's files (jobs.training.run_weights.predictor_files)."""
+        from jobs.training.run_weights import predictor_files
 
         doc = {"format": STACK_FORMAT, "metanetwork": self.metanetwork, "partners": self.partners,
                "weight": self.weight}
@@ -80,7 +80,7 @@ class Stack:
 
 def stack_with_statistics(task: Task, sel, name: str, metanet: np.ndarray, fitted: dict) -> Stack | None:
     """The metanetwork ``name``'s predictions ``metanet`` blended with the mean of the fitted
-    statistics predictors (``fitted``: jobs.tabular.fit_all); None for a class target, without a
+    statistics predictors (``fitted``: jobs.predictors.tabular.fit_all); None for a class target, without a
     validation split, or when no statistics predictor reads every selected model."""
     from jobs.predictors import entry
 
@@ -97,7 +97,7 @@ def stack_with_statistics(task: Task, sel, name: str, metanet: np.ndarray, fitte
 
 def read_stack(catalog, run_id: str) -> Stack | None:
     """The blend a run saved (its partners refitted), or None."""
-    from jobs.run_weights import read_predictor
+    from jobs.training.run_weights import read_predictor
     from zoocore.errors import JobError
 
     raw = catalog.read_artifact(run_id, "stack.json")

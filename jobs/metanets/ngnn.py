@@ -5,7 +5,7 @@ aggregated PNA-style (mean, max, std, each with identity / amplification / atten
 scalers); relation outputs are summed per destination node type. Every layer also updates the
 edge features, ``e' = e + phi(e, h_src, h_dst)``. Node features start from the normalised bias,
 an activation embedding, a positional embedding (shared by the hidden neurons of one layer, one
-per position for input and output neurons) and, optionally, probe activations (jobs.probes). The readout
+per position for input and output neurons) and, optionally, probe activations (jobs.metanets.probes). The readout
 (mean and max per node type) is invariant to hidden-neuron permutations; node embeddings are
 equivariant.
 """
@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from jobs.config import LEGACY, MetanetConfig
-from jobs.probes import ProbeFeatures
-from jobs.quasi import QuasiScaling
-from jobs.relational_kernels import FiLM, rel_linear, segment_stats
+from jobs.metanets.probes import ProbeFeatures
+from jobs.metanets.quasi import QuasiScaling
+from jobs.metanets.relational_kernels import FiLM, rel_linear, segment_stats
 from pipeline.neural_graph.heterograph import CanonicalEtype
 from pipeline.neural_graph.vocabulary import ACTIVATIONS, NODE_TYPES, SEEDED_ACTIVATIONS
 

@@ -2,7 +2,7 @@
 flat-weights MLP. jobs.predictors registers them beside the metanetworks.
 
 One interface:
-- ``fit(con, sel)``: the features of the selected models (jobs.baselines), hyperparameters chosen
+- ``fit(con, sel)``: the features of the selected models (jobs.predictors.baselines), hyperparameters chosen
   on the validation split, the learner fitted on the training split; a ``Prediction`` for every
   selected model.
 - ``predict(con, model_ids)``: any models of the catalog.
@@ -21,9 +21,9 @@ from typing import Sequence
 
 import numpy as np
 
-from jobs.baselines import (FLAT_GRID, INDEX_COLUMNS, fit_params, fit_tuned, flat_weights, model_activations,
+from jobs.predictors.baselines import (FLAT_GRID, INDEX_COLUMNS, fit_params, fit_tuned, flat_weights, model_activations,
                             parameter_shapes, shape_features, statnn_features, statnn_features_of_graphs)
-from jobs.data import Selection
+from jobs.training.data import Selection
 
 MIN_TRAIN = 5               # fewer training models than this and a tabular predictor abstains
 
@@ -40,7 +40,7 @@ class Prediction:
 class TabularPredictor:
     """Features of each model into a scikit-learn learner tuned on validation (see the module)."""
     name = ""
-    learner = "gbt"                      # gbt | mlp (jobs.baselines.fit_tuned), or a staticmethod
+    learner = "gbt"                      # gbt | mlp (jobs.predictors.baselines.fit_tuned), or a staticmethod
                                          # (task, params, n_train, seed) -> an unfitted scikit-learn estimator
     grid: list[dict] | None = None       # None: the learner's default grid
 

@@ -61,7 +61,7 @@ PREDICTOR_FORMAT = "zoograph.predictor/1"
 
 
 def predictor_files(stem: str, predictor) -> dict[str, bytes]:
-    """``{"<stem>.json", "<stem>.safetensors"}`` of a fitted tabular predictor (jobs.tabular): its
+    """``{"<stem>.json", "<stem>.safetensors"}`` of a fitted tabular predictor (jobs.predictors.tabular): its
     JSON state and its training rows; ``read_predictor`` refits it from them."""
     import json
 

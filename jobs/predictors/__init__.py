@@ -1,7 +1,7 @@
 """Everything that maps a model to a prediction, by the name a run records (``runs.method``).
 
-- ``metanetwork``: trained on streamed neural graphs by jobs.train (jobs.metanets builds them).
-- ``tabular``: one feature row per model into a learner tuned on validation (jobs.tabular).
+- ``metanetwork``: trained on streamed neural graphs by jobs.training.train (jobs.metanets builds them).
+- ``tabular``: one feature row per model into a learner tuned on validation (jobs.predictors.tabular).
 
 ``jobs train-heterognn --model NAME`` trains any of them as the run's answer; the tabular ones
 also run beside every metanetwork as its baselines; ``jobs predict`` rebuilds any of them from
@@ -24,13 +24,13 @@ class Entry:
 
 
 PREDICTORS = {
-    "ngnn": Entry("metanetwork", "jobs.ngnn:NGGNN", "NG-GNN: relational PNA message passing on the neural graph"),
-    "ngt": Entry("metanetwork", "jobs.ngt:NGT", "NG-T: a relational-attention transformer on the neural graph"),
-    "statnn": Entry("tabular", "jobs.tabular:StatNN", "StatNN: weight statistics into gradient boosting",
+    "ngnn": Entry("metanetwork", "jobs.metanets.ngnn:NGGNN", "NG-GNN: relational PNA message passing on the neural graph"),
+    "ngt": Entry("metanetwork", "jobs.metanets.ngt:NGT", "NG-T: a relational-attention transformer on the neural graph"),
+    "statnn": Entry("tabular", "jobs.predictors.tabular:StatNN", "StatNN: weight statistics into gradient boosting",
                     stack=True),
-    "statnn_mlp": Entry("tabular", "jobs.tabular:StatNNMLP", "StatNN: weight statistics into an MLP", stack=True),
-    "flat_mlp": Entry("tabular", "jobs.tabular:FlatMLP", "an MLP on all weights (one parameter shape only)"),
-    "statnn_ridge": Entry("tabular", "jobs.statnn_ridge:StatNNRidge", "StatNN: weight statistics into ridge regression"),
+    "statnn_mlp": Entry("tabular", "jobs.predictors.tabular:StatNNMLP", "StatNN: weight statistics into an MLP", stack=True),
+    "flat_mlp": Entry("tabular", "jobs.predictors.tabular:FlatMLP", "an MLP on all weights (one parameter shape only)"),
+    "statnn_ridge": Entry("tabular", "jobs.predictors.statnn_ridge:StatNNRidge", "StatNN: weight statistics into ridge regression"),
 }
 
 
@@ -53,7 +53,7 @@ def predictor_class(name: str) -> type:
 
 
 def tabular_predictor(name: str, seed: int = 0):
-    """A fresh, unfitted tabular predictor (jobs.tabular.TabularPredictor)."""
+    """A fresh, unfitted tabular predictor (jobs.predictors.tabular.TabularPredictor)."""
     if entry(name).family != "tabular":
         raise ValueError(f"{name!r} is a {entry(name).family}, not a tabular predictor")
     return predictor_class(name)(seed)

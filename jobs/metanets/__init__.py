@@ -2,11 +2,11 @@
 recorded in its manifest (``metanet.json``).
 
 Both read the same batched DGL heterographs and share node/edge encodings, readout and head:
-``ngnn`` propagates with relational PNA message passing (jobs.ngnn), ``ngt`` with relational
-attention (jobs.ngt). A saved run names its metanetwork in ``model.kind``; runs saved before the
+``ngnn`` propagates with relational PNA message passing (jobs.metanets.ngnn), ``ngt`` with relational
+attention (jobs.metanets.ngt). A saved run names its metanetwork in ``model.kind``; runs saved before the
 name was recorded are NG-GNN.
 
-Adding a metanetwork is one module (a subclass of ``jobs.ngnn.NGGNN`` that overrides
+Adding a metanetwork is one module (a subclass of ``jobs.metanets.ngnn.NGGNN`` that overrides
 ``propagate``, as NG-T does) and one entry in jobs.predictors.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from jobs.predictors import PREDICTORS, predictor_class
 
 if TYPE_CHECKING:
-    from jobs.ngnn import NGGNN, NGGNNConfig
+    from jobs.metanets.ngnn import NGGNN, NGGNNConfig
 
 METANETWORKS = {n: e.path for n, e in PREDICTORS.items() if e.family == "metanetwork"}
 

@@ -68,8 +68,8 @@ from torch import nn
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
 from graphstore.schema import LAYER_EQUIVARIANCE
-from jobs.catalog_models import load_model
-from jobs.data import select_models
+from jobs.analysis.catalog_models import load_model
+from jobs.training.data import select_models
 from pipeline.spec import build_module
 from pipeline.zoo.transforms import NOISE_STD, check_transform, noise, transform_index
 from zoocore.errors import JobError

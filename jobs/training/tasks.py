@@ -4,7 +4,7 @@ A task says how many numbers the metanetwork's head outputs, the loss, how catal
 training targets and outputs become predictions, how an ensemble's outputs combine, which metrics
 score it (and which one early stopping and model selection maximise), and what reaches the result
 relations (``predictions.predicted`` / ``predicted_label``, the graph store's ``predicted_<target>``).
-The training loop (jobs.train) asks the task and never compares task names. A task whose output
+The training loop (jobs.training.train) asks the task and never compares task names. A task whose output
 is a network (editing) implements the same questions with node and edge outputs.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jobs.compare import kendall_tau
+from jobs.training.compare import kendall_tau
 from zoocore.errors import JobError
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class Regression(Task):
     def loss(self, rank_weight=0.0):
         import torch
 
-        from jobs.losses import RankedMSE
+        from jobs.training.losses import RankedMSE
 
         return RankedMSE(rank_weight) if rank_weight > 0 else torch.nn.MSELoss()
 

@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from jobs.config import ATTENTION_GROUPS
-from jobs.ngnn import NGGNN, NGGNNConfig, _key, mlp
-from jobs.relational_kernels import rel_linear
+from jobs.metanets.ngnn import NGGNN, NGGNNConfig, _key, mlp
+from jobs.metanets.relational_kernels import rel_linear
 from pipeline.neural_graph.vocabulary import NODE_TYPES
 
 

@@ -1,4 +1,4 @@
-"""Autograd kernels of the NG-GNN layer (jobs.ngnn) over all relations' edges at once.
+"""Autograd kernels of the NG-GNN layer (jobs.metanets.ngnn) over all relations' edges at once.
 
 On CPU the per-relation layer spent as much time joining and splitting small tensors (``cat`` /
 ``chunk`` forward and backward) and summing the gradients of three separate reductions as in its

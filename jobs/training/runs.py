@@ -13,8 +13,8 @@ import pyarrow as pa
 
 from graphstore.catalog import Catalog, now_utc
 from graphstore.schema import EMBEDDINGS, PREDICTIONS, RUNS
-from jobs.data import Selection
-from jobs.tasks import task_named
+from jobs.training.data import Selection
+from jobs.training.tasks import task_named
 
 
 @dataclass

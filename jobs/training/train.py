@@ -20,22 +20,22 @@ from tqdm import tqdm
 
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
-from jobs.augment import augmenter
+from jobs.training.augment import augmenter
 from jobs.config import DataConfig, MetanetConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: F401  (OptimConfig: re-exported)
-from jobs.distributed import (DistContext, barrier, broadcast, gather_rows, init_from_env, local_batch_size,
+from jobs.training.distributed import (DistContext, barrier, broadcast, gather_rows, init_from_env, local_batch_size,
                               shard)
-from jobs.data import (GraphList, GraphStream, LayerStats, Selection, layer_stats, layer_stats_of_graphs,
+from jobs.training.data import (GraphList, GraphStream, LayerStats, Selection, layer_stats, layer_stats_of_graphs,
                        select_models)
-from jobs.manifest import RunManifest
-from jobs.runs import PredictReport, RunReport, write_back, write_run
+from jobs.training.manifest import RunManifest
+from jobs.training.runs import PredictReport, RunReport, write_back, write_run
 from jobs.metanets import build_metanetwork
-from jobs.ngnn import NGGNN, NGGNNConfig
+from jobs.metanets.ngnn import NGGNN, NGGNNConfig
 from jobs.predictors import entry, names as predictor_names
-from jobs.probes import check_probe_graph
-from jobs.run_weights import predictor_files, read_predictor, read_weights, require_run, weights_files
-from jobs.stacking import Stack, read_stack, stack_with_statistics
-from jobs.tabular import fit_all
-from jobs.tasks import CALIBRATIONS, TargetScale, Task, task_named
+from jobs.metanets.probes import check_probe_graph
+from jobs.training.run_weights import predictor_files, read_predictor, read_weights, require_run, weights_files
+from jobs.predictors.stacking import Stack, read_stack, stack_with_statistics
+from jobs.predictors.tabular import fit_all
+from jobs.training.tasks import CALIBRATIONS, TargetScale, Task, task_named
 from zoocore.errors import JobError
 
 
@@ -250,7 +250,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
 
 
 def train_tabular(catalog: Catalog, cfg: TrainConfig, store=None) -> RunReport:
-    """A run whose answer is the tabular predictor ``cfg.model`` (jobs.tabular), with the other
+    """A run whose answer is the tabular predictor ``cfg.model`` (jobs.predictors.tabular), with the other
     tabular predictors beside it when ``cfg.baselines``; saved so that ``jobs predict`` refits it."""
     started = time.perf_counter()
     con = duck.connect(catalog)
@@ -382,7 +382,7 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
 def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Selection, stats: LayerStats,
                      scale: TargetScale, cfg: TrainConfig, stack: Stack | None = None):
     """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.safetensors`` state dict per member,
-    ``metanet.json`` and the blend with a baseline (jobs.stacking) if the run made one, committed as
+    ``metanet.json`` and the blend with a baseline (jobs.predictors.stacking) if the run made one, committed as
     one folder (a crash leaves all of them or none)."""
     manifest = RunManifest(model=models[0].cfg, stats=stats, task=sel.task, target=sel.target, frame=tuple(sel.frame),
                            scale=scale, classes=list(sel.classes), members=len(models), train=asdict(cfg))
@@ -397,7 +397,7 @@ def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Se
 
 
 def load_metanetwork(catalog: Catalog, run_id: str, device: str = "cpu") -> tuple[list[NGGNN], RunManifest]:
-    """The trained members of a run (weights read as tensors only: jobs.run_weights) and its manifest."""
+    """The trained members of a run (weights read as tensors only: jobs.training.run_weights) and its manifest."""
     require_run(catalog, run_id)
     raw = catalog.read_artifact(run_id, "metanet.json")
     if raw is None:

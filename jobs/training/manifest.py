@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.data import LayerStats
-from jobs.ngnn import NGGNNConfig
-from jobs.tasks import TargetScale, Task, task_named
+from jobs.training.data import LayerStats
+from jobs.metanets.ngnn import NGGNNConfig
+from jobs.training.tasks import TargetScale, Task, task_named
 from zoocore.errors import JobError
 
 FORMAT = "zoograph.run/1"
@@ -25,7 +25,7 @@ FORMAT = "zoograph.run/1"
 class RunManifest:
     model: NGGNNConfig
     stats: LayerStats
-    task: str                              # a jobs.tasks name: regression | classification
+    task: str                              # a jobs.training.tasks name: regression | classification
     target: str
     frame: tuple[int, int]                 # the kernel frame (Kh, Kw) edge features were padded to
     scale: TargetScale = field(default_factory=TargetScale)

@@ -1,6 +1,6 @@
 """``jobs merge``: merge two models of one architecture by aligning their neurons first.
 
-B's hidden neurons are put in A's order (``jobs.align``: NG-GNN node embeddings, activation
+B's hidden neurons are put in A's order (``jobs.analysis.align``: NG-GNN node embeddings, activation
 matching or weight matching), B is permuted through the exact graph inverse, and the weights are
 interpolated. Both parents, naive averaging and every available alignment are evaluated on the
 models' own test data, with the loss barrier along the interpolation path
@@ -21,8 +21,8 @@ import torch
 
 from graphstore import duck
 from graphstore.catalog import Catalog
-from jobs.align import METHODS, activation_matching, check_same_architecture, embedding_matching, weight_matching
-from jobs.catalog_models import CatalogModel, load_model
+from jobs.analysis.align import METHODS, activation_matching, check_same_architecture, embedding_matching, weight_matching
+from jobs.analysis.catalog_models import CatalogModel, load_model
 from zoocore.errors import JobError
 
 LATEST_RUN = "SELECT run_id FROM runs WHERE run_id NOT LIKE '%-predict-%' ORDER BY created_at DESC"
@@ -173,8 +173,8 @@ def newest_run(con) -> str | None:
 @torch.no_grad()
 def node_embeddings(catalog: Catalog, run_id: str, model: CatalogModel, device: str = "cpu") -> np.ndarray:
     """A trained run's node embeddings of ``model`` (N, H * members), rows in graph node order."""
-    from jobs.data import normalised_graph
-    from jobs.train import load_metanetwork
+    from jobs.training.data import normalised_graph
+    from jobs.training.train import load_metanetwork
 
     members, manifest = load_metanetwork(catalog, run_id, device)
     etypes = members[0].cfg.etypes
