@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.neural_graph.ops.base import module_groups
+from pipeline.neural_graph.ops.base import module_groups, type_name
 
 COMPOSITE_ACTIVATIONS = {
     "NewGELUActivation": "gelu_tanh",
@@ -28,7 +28,7 @@ class CompositeActivation:
 def composite_activations(graph, clean) -> dict[str, CompositeActivation]:
     """Nodes inside a module of a COMPOSITE_ACTIVATIONS class, by node name."""
     out: dict[str, CompositeActivation] = {}
-    match = lambda typ: COMPOSITE_ACTIVATIONS.get(getattr(typ, "__name__", ""))  # noqa: E731
+    match = lambda typ: COMPOSITE_ACTIVATIONS.get(type_name(typ))  # noqa: E731
     for path, (name, nodes) in module_groups(graph, clean, match).items():
         blk = CompositeActivation(path, name, nodes, {n.name for n in nodes})
         out.update((n.name, blk) for n in nodes)

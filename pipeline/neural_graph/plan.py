@@ -28,7 +28,8 @@ from pipeline.neural_graph.attention_core import AttentionCoreOps, attention_cor
 from pipeline.neural_graph.composite import CompositeOps, composite_activations
 from pipeline.neural_graph.concat import SPLIT_OPS, ConcatOps, layer_map, source_of, whole_layer
 from pipeline.neural_graph.layout import PAD_OPS, PERMUTE_OPS, RESTRIDE_OPS, ROLL_OPS, SLICE_OPS, LayoutOps
-from pipeline.neural_graph.ops import TRACE_HANDLERS, TRACER_MIXINS, Op, make_op, op_from_dict
+from pipeline.neural_graph.ops import MODULE_HANDLERS, TRACE_HANDLERS, TRACER_MIXINS, Op, make_op, op_from_dict
+from pipeline.neural_graph.ops.base import module_groups, type_name
 from pipeline.neural_graph.ops.attention import attention_blocks
 from pipeline.neural_graph.ops.base import node_shape
 from pipeline.neural_graph.tokens import EXPAND_OPS, SELECT_OPS, TokenOps
@@ -168,6 +169,9 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         self.blocks = attention_blocks(exported.graph, _clean_path)
         self.cores = attention_cores(exported.graph, _clean_path)
         self.composites = composite_activations(exported.graph, _clean_path)
+        self.module_calls = {n.name: (handler, nodes) for handler, nodes in module_groups(
+            exported.graph, _clean_path, lambda typ: MODULE_HANDLERS.get(type_name(typ))).values()
+            for n in nodes}
         self.done_blocks: set[str] = set()
         self.constant_keys = set(constant_keys)     # non-persistent buffers: constants, not state
 
@@ -297,6 +301,11 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         if comp is not None:
             if node is comp.nodes[-1]:
                 self.composite_activation(node, comp)
+            return
+        call = self.module_calls.get(node.name)
+        if call is not None:
+            if node is call[1][-1]:            # read at its last node: every input is known by then
+                getattr(self, call[0])(node, call[1])
             return
         if self.is_constant(node):
             self.vals[node.name] = CONST

@@ -63,6 +63,12 @@ def frame_offset(kernel, frame: tuple[int, int]) -> tuple[int, int]:
     return (frame[0] - kernel[0]) // 2, (frame[1] - kernel[1]) // 2
 
 
+def type_name(typ) -> str:
+    """The class name of an ``nn_module_stack`` entry's type: a class when traced in this process,
+    its dotted name as a string when read back from a ``.pt2`` archive."""
+    return typ.__name__ if isinstance(typ, type) else str(typ).rsplit(".", 1)[-1]
+
+
 def module_groups(graph, clean, match) -> dict[str, tuple[Any, list]]:
     """The call_function nodes of an fx ``graph`` grouped by module call: for each node, the first
     ``nn_module_stack`` entry whose type ``match`` maps to a value other than None; by its path
@@ -350,12 +356,17 @@ TRACE_HANDLERS: dict[Any, str] = {}          # ATen op -> tracer method name
 TRACER_MIXINS: list[type] = []
 SPEC_HANDLERS: list[tuple[tuple[type, ...], str]] = []   # module classes -> spec planner method name
 SPEC_MIXINS: list[type] = []
+# nn.Module class name -> tracer method name: every ATen node inside such a module (torch.export writes
+# nn.Upsample out as index arithmetic) is read as one call at the module's last node
+MODULE_HANDLERS: dict[str, str] = {}
 
 
 def register(*records: type[Op], tracer: type | None = None, aten: Mapping[Any, str] | None = None,
-             spec: type | None = None, modules: Mapping[tuple[type, ...], str] | None = None) -> None:
+             spec: type | None = None, modules: Mapping[tuple[type, ...], str] | None = None,
+             traced_modules: Mapping[str, str] | None = None) -> None:
     """Register operation records under their kinds, with the tracer mixin (and the ATen ops its
-    methods read) and the spec-planner mixin (and the module classes its methods read)."""
+    methods read, or the module classes, by name, whose ATen nodes it reads as one:
+    ``traced_modules``) and the spec-planner mixin (and the module classes its methods read)."""
     for rec in records:
         if rec.kind in REGISTRY:
             raise ValueError(f"operation kind {rec.kind.value!r} is registered twice")
@@ -363,6 +374,7 @@ def register(*records: type[Op], tracer: type | None = None, aten: Mapping[Any, 
     if tracer is not None:
         TRACER_MIXINS.append(tracer)
     TRACE_HANDLERS.update(aten or {})
+    MODULE_HANDLERS.update(traced_modules or {})
     if spec is not None:
         SPEC_MIXINS.append(spec)
     SPEC_HANDLERS.extend((modules or {}).items())
