@@ -32,13 +32,13 @@ Adding a kind
 Stored plans never change: a field's name and the dict ``to_dict`` writes are part of the catalog
 format and of the architecture signature (``tests/pipeline/test_plan_pins.py`` pins them).
 """
-from pipeline.neural_graph.ops.base import (REGISTRY, SPEC_HANDLERS, SPEC_MIXINS, TRACE_HANDLERS, TRACER_MIXINS,
-                                            DenseOp, DiagonalOp, Op, OpKind, make_op, op_from_dict)
+from pipeline.neural_graph.ops.base import (MODULE_HANDLERS, REGISTRY, SPEC_HANDLERS, SPEC_MIXINS, TRACE_HANDLERS,
+                                            TRACER_MIXINS, DenseOp, DiagonalOp, Op, OpKind, make_op, op_from_dict)
 from pipeline.neural_graph.ops import (attention, conv, embedding, gate, group_norm, linear, norm, position_bias,
-                                       residual, tokens)
+                                       residual, tokens, upsample)
 
 # Importing a kind's module registers it; this is the list of them.
-KIND_MODULES = (conv, linear, attention, norm, residual, embedding, tokens, gate, group_norm, position_bias)
+KIND_MODULES = (conv, linear, attention, norm, residual, embedding, tokens, gate, group_norm, position_bias, upsample)
 
-__all__ = ["KIND_MODULES", "REGISTRY", "SPEC_HANDLERS", "SPEC_MIXINS", "TRACE_HANDLERS", "TRACER_MIXINS",
-           "DenseOp", "DiagonalOp", "Op", "OpKind", "make_op", "op_from_dict"]
+__all__ = ["KIND_MODULES", "MODULE_HANDLERS", "REGISTRY", "SPEC_HANDLERS", "SPEC_MIXINS", "TRACE_HANDLERS",
+           "TRACER_MIXINS", "DenseOp", "DiagonalOp", "Op", "OpKind", "make_op", "op_from_dict"]
