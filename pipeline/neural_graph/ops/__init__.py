@@ -6,8 +6,11 @@ back through the registry; an unknown kind fails with the known ones named. Ever
 does lives in its module:
 
 - reading it from a trace: a tracer mixin whose methods take an fx node (``conv.ConvTracing``),
-  registered with the ATen ops they handle; ``plan._Tracer`` is built from the registered mixins
-  and dispatches on ``TRACE_HANDLERS``;
+  registered with the ATen ops they handle, or with the module classes whose nodes they read as
+  one call (``upsample.UpsampleTracing``: torch.export writes ``nn.Upsample`` out as index
+  arithmetic); ``plan._Tracer`` is built from the registered mixins and dispatches on
+  ``TRACE_HANDLERS`` and ``MODULE_HANDLERS``. A kind with no edges (``upsample``) registers no
+  record, only its tracer, and records a plan step;
 - reading it from a spec: a spec-planner mixin (``conv.ConvSpec``), registered with the module
   classes it handles (``SPEC_HANDLERS``); a kind with no spec rule leaves such specs to the tracer;
 - its edges and inverse (``build.py``): ``edges``/``expected_edges`` and ``invert``/``invert_bias``,
