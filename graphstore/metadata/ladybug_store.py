@@ -34,6 +34,8 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     return value
 
+_TYPE_NAMES = {"BOOL": "BOOLEAN"}          # Ladybug's table_info name -> the DDL name property_type gives
+
 
 class LadybugStore(MetadataStore):
     backend = "ladybug"
@@ -118,7 +120,8 @@ class LadybugStore(MetadataStore):
         for ddl in _DDL:
             self._execute(ddl)
         info = self._execute('CALL table_info("Model") RETURN *').get_all()
-        self._model_props = {row[1]: row[2] for row in info if row[1] != "model_id"}
+        # table_info names a BOOLEAN column BOOL: compare the types the catalog's columns map to
+        self._model_props = {row[1]: _TYPE_NAMES.get(row[2], row[2]) for row in info if row[1] != "model_id"}
 
     def _ensure_model_properties(self, props: dict[str, str]) -> None:
         """Add the properties the store lacks. A property of another type (a default such as

@@ -144,3 +144,22 @@ def test_a_quote_left_open_refuses_the_zoo(tmp_path, text):
     (tmp_path / "metrics.csv").write_text(text)
     with pytest.raises(ZooGraphError, match="quote left open"):
         read_metrics_csv(tmp_path, [])
+
+
+def test_a_boolean_column_is_written_again_after_the_store_reopens(tmp_path):
+    """Ladybug's table_info names a BOOLEAN column BOOL: a store reopened after a zoo with a boolean
+    column took another zoo of the same column without calling it a type change (a `jobs predict`
+    once stopped with "Model.flag is BOOL and the catalog's column is BOOLEAN")."""
+    cat = tmp_path / "cat"
+    for k, rows in enumerate((["true,0.5", "false,0.6", "true,0.7"], ["false,0.8", "true,0.9", "false,0.1"])):
+        zoo = tmp_path / f"z{k}"
+        from pipeline.zoo.make import make_zoo
+
+        make_zoo("mlp", zoo, n=3, seed=20 + k, workers=1, progress=False)
+        files = sorted(p.name for p in zoo.glob("*.safetensors"))
+        (zoo / "metrics.csv").write_text("file,flag,test_accuracy\n" + "".join(f"{f},{r}\n" for f, r in zip(files, rows)))
+        with LadybugStore(cat / "graph.lbug") as store:
+            report = ingest_zoo(zoo, cat, progress=False, store=store)
+        assert report.added == 3 and report.store_warning is None, report.store_warning
+    got = _cypher(cat, "MATCH (m:Model) RETURN m.flag AS flag")
+    assert sorted(r["flag"] for r in got) == [False, False, False, True, True, True]
