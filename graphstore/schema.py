@@ -105,7 +105,8 @@ PREDICTIONS = pa.schema([
     ("target", pa.string()),
     ("predicted", pa.float64()),
     ("predicted_label", pa.string()),
-    ("method", pa.string()),             # ngnn | ngt | statnn | statnn_mlp | flat_mlp
+    ("method", pa.string()),             # a jobs.predictors name, or a blend of them (ngnn+statnn+statnn_mlp)
+    ("in_distribution", pa.bool_()),     # jobs predict: the input's weight scales lie within the training models'
 ])
 
 EMBEDDINGS = pa.schema([

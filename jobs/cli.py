@@ -65,13 +65,17 @@ def train_heterognn_cmd(catalog, neo4j_uri, neo4j_user, neo4j_password, **option
 
 @main.command()
 @catalog_option
-@click.option("--run", "run_id", required=True, help="The run whose metanetwork to apply.")
+@click.option("--run", "run_id", required=True, help="The run whose predictor to apply (any of --model's).")
 @click.option("--where", default=None, help="SQL condition over models (default: all models).")
 @_device_option
 @store_options
 @translate_errors
 def predict(catalog, run_id, where, device, neo4j_uri, neo4j_user, neo4j_password):
-    """Apply a trained metanetwork to (newly ingested) models and write their predictions."""
+    """Apply a run's trained predictor to (newly ingested) models and write their predictions.
+
+    Each prediction says whether the model's per-layer weight scales lie within the training
+    models' (predictions.in_distribution; a warning line names how many do not): a rescaled copy
+    computes the same function, but the predictor never saw its like."""
     from graphstore.catalog import Catalog
     from jobs.training.run_weights import require_run
     from jobs.training.train import predict as run_predict
@@ -79,7 +83,10 @@ def predict(catalog, run_id, where, device, neo4j_uri, neo4j_user, neo4j_passwor
     root = existing_catalog(catalog)
     require_run(Catalog(root), run_id)              # a name the catalog lists, before anything is opened
     with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password) as store:
-        click.echo(run_predict(root, run_id, where, device, store).summary())
+        report = run_predict(root, run_id, where, device, store)
+    click.echo(report.summary())
+    if report.warning:
+        click.echo(report.warning, err=True)
 
 
 @main.command()

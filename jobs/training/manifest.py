@@ -16,6 +16,7 @@ from typing import Any
 from jobs.training.data import LayerStats
 from jobs.metanets.ngnn import NGGNNConfig
 from jobs.training.tasks import TargetScale, Task, task_named
+from jobs.training.trust import TrustProfile
 from zoocore.errors import JobError
 
 FORMAT = "zoograph.run/1"
@@ -32,6 +33,7 @@ class RunManifest:
     classes: list[str] = field(default_factory=list)
     members: int = 1
     train: dict[str, Any] = field(default_factory=dict)   # the TrainConfig the run was made with
+    trust: TrustProfile | None = None      # the training models' weight-scale envelope (runs saved before: none)
 
     @property
     def task_kind(self) -> Task:
@@ -42,7 +44,8 @@ class RunManifest:
              "target_mean": self.scale.mean, "target_std": self.scale.std,
              "target_knots": [list(self.scale.knots_x), list(self.scale.knots_y)], "task": self.task,
              "target": self.target,
-             "classes": list(self.classes), "frame": list(self.frame), "train": self.train}
+             "classes": list(self.classes), "frame": list(self.frame), "train": self.train,
+             **({"trust": self.trust.to_dict()} if self.trust is not None else {})}
         return json.dumps(d, indent=1, default=str).encode()
 
     @classmethod
@@ -57,6 +60,7 @@ class RunManifest:
                        scale=TargetScale(float(d.get("target_mean", 0.0)), float(d.get("target_std", 1.0)),
                                          *(tuple(float(v) for v in k) for k in d.get("target_knots") or ((), ()))),
                        classes=list(d.get("classes") or []), members=int(d.get("members", 1)),
-                       train=dict(d.get("train") or {}))
+                       train=dict(d.get("train") or {}),
+                       trust=TrustProfile.from_dict(d["trust"]) if d.get("trust") else None)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise JobError(f"{where} is not a readable run manifest ({type(exc).__name__}: {exc})") from None

@@ -52,6 +52,7 @@ class PredictReport:
     n: int
     target: str
     metrics: dict[str, float]
+    warning: str | None = None           # how many inputs lie outside the training models' weight scales
 
     def summary(self) -> str:
         m = ", ".join(f"{k}={v:.4f}" for k, v in self.metrics.items() if isinstance(v, float))
@@ -70,10 +71,11 @@ def write_back(catalog, store, sel: Selection, pred: np.ndarray, run_id: str) ->
 
 def write_run(catalog: Catalog, run_id: str, cfg, sel: Selection, results: dict[str, np.ndarray],
               emb: np.ndarray, metrics: dict, artifact: Path | None, splits: np.ndarray | None = None,
-              method: str | None = None) -> None:
+              method: str | None = None, in_distribution: np.ndarray | None = None) -> None:
     """The runs, predictions and embeddings relations of one run, committed atomically. ``method``:
     the predictor whose predictions are the run's answer (what `graphstore sync` writes back), by
-    default the first of ``results``."""
+    default the first of ``results``; ``in_distribution``: per model, whether its weight scales lie
+    within the training models' (jobs.training.trust; None: not judged)."""
     config = asdict(cfg) if is_dataclass(cfg) else cfg
     runs = pa.table({"run_id": [run_id], "task": [sel.task], "target": [sel.target],
                      "where_sql": [config.get("where")], "config_json": [json.dumps(config, default=str)],
@@ -82,11 +84,13 @@ def write_run(catalog: Catalog, run_id: str, cfg, sel: Selection, results: dict[
     splits = sel.splits if splits is None else splits
     cols: dict[str, list] = {k: [] for k in PREDICTIONS.names}
     task = task_named(sel.task)
+    trusted = [None] * len(sel.model_ids) if in_distribution is None else [bool(f) for f in in_distribution]
     for method, values in results.items():
-        for mid, split, v, lab in zip(sel.model_ids, splits, task.numbers(values), task.labels(values, sel.classes)):
+        for mid, split, v, lab, ok in zip(sel.model_ids, splits, task.numbers(values),
+                                          task.labels(values, sel.classes), trusted):
             for k, val in (("run_id", run_id), ("model_id", mid), ("split", str(split)), ("target", sel.target),
-                           ("predicted", v), ("predicted_label", lab),
-                           ("method", method)):
+                           ("predicted", v), ("predicted_label", lab), ("method", method),
+                           ("in_distribution", ok)):
                 cols[k].append(val)
     preds = pa.table(cols, schema=PREDICTIONS)
     if emb.size:

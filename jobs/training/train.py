@@ -36,6 +36,7 @@ from jobs.training.run_weights import predictor_files, read_predictor, read_weig
 from jobs.predictors.stacking import Stack, read_stack, stack_with_statistics
 from jobs.predictors.tabular import fit_all
 from jobs.training.tasks import CALIBRATIONS, TargetScale, Task, task_named
+from jobs.training.trust import TrustProfile, profiles_of, scale_profiles, warning_line
 from zoocore.errors import JobError
 
 
@@ -177,6 +178,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     prepare = preparation(cfg.canonical, cfg.bn_stats)
     stats = (layer_stats_of_graphs(read_prepared(con, sel.ids("train"), prepare)) if prepare is not None
              else layer_stats(con, sel.ids("train")))
+    trust = TrustProfile.fit(profiles_of(con, sel.ids("train")))
     if cfg.probes:
         check_probe_graph(sel.etypes)
     stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers, raw=bool(cfg.probes),
@@ -233,9 +235,9 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         metrics = {answer: {**task.metrics(sel.targets[test], stack.predictions[test]), "note": stack.note}, **metrics}
     for max_scale in cfg.rescale_test:
         metrics.update(score_rescaled(con, models, sel, stats, scale, cfg, device, max_scale,
-                                      [p for p, r in fitted.values() if r.applicable.all()]))
+                                      [p for p, r in fitted.values() if r.applicable.all()], trust))
     con.close()
-    artifact = save_metanetwork(catalog, run_id, models, sel, stats, scale, cfg, stack)
+    artifact = save_metanetwork(catalog, run_id, models, sel, stats, scale, cfg, stack, trust)
     report = RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
                        artifact=artifact, history=history)
     write_run(catalog, run_id, {**asdict(cfg), "world_size": ctx.world}, sel, results, emb, metrics, artifact,
@@ -354,7 +356,8 @@ def rescaled_test_graphs(con, ids, max_scale: float, seed: int) -> list:
 
 
 def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, scale: TargetScale,
-                   cfg: TrainConfig, device, max_scale: float, baselines=()) -> dict[str, dict]:
+                   cfg: TrainConfig, device, max_scale: float, baselines=(),
+                   trust: TrustProfile | None = None) -> dict[str, dict]:
     """Test metrics of the metanetwork (and of the fitted ``baselines`` that read in-memory graphs)
     on rescaled copies U[1, max_scale] of the test models: ``{"ngnn@xMAX": ..., "statnn@xMAX": ...}``."""
     test_idx = np.nonzero(sel.mask("test"))[0]
@@ -373,6 +376,11 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     task = task_named(sel.task)
     out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, task)
     metrics = {cfg.model + tag: task.metrics(y, task.decode(out, scale))}
+    if trust is not None:       # how many copies `jobs predict` would flag (the clean test models: beside)
+        flagged = int((~trust.in_distribution(scale_profiles(graphs))).sum())
+        clean = int((~trust.in_distribution(profiles_of(con, ids))).sum())
+        metrics[cfg.model + tag]["note"] = (f"out of distribution: {flagged} of {len(ids)} rescaled copies, "
+                                            f"{clean} of {len(ids)} clean test models")
     for base in baselines:
         if hasattr(base, "features_of_graphs"):       # predictors that can read in-memory graphs (StatNN)
             metrics[base.name + tag] = task.metrics(y, base.predict_features(base.features_of_graphs(con, ids, graphs)))
@@ -380,12 +388,13 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
 
 
 def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Selection, stats: LayerStats,
-                     scale: TargetScale, cfg: TrainConfig, stack: Stack | None = None):
+                     scale: TargetScale, cfg: TrainConfig, stack: Stack | None = None,
+                     trust: TrustProfile | None = None):
     """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.safetensors`` state dict per member,
     ``metanet.json`` and the blend with a baseline (jobs.predictors.stacking) if the run made one, committed as
     one folder (a crash leaves all of them or none)."""
     manifest = RunManifest(model=models[0].cfg, stats=stats, task=sel.task, target=sel.target, frame=tuple(sel.frame),
-                           scale=scale, classes=list(sel.classes), members=len(models), train=asdict(cfg))
+                           scale=scale, classes=list(sel.classes), members=len(models), train=asdict(cfg), trust=trust)
     files = {}
     for k, model in enumerate(models):
         files.update(weights_files(f"metanet-{k}", model.state_dict()))
@@ -443,8 +452,9 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     results = {kind: task.decode(out, manifest.scale)}
     if stack is not None:
         results = {**stack.predict(con, sel.model_ids, results[kind]), **results}
+    flags = manifest.trust.in_distribution(profiles_of(con, sel.model_ids)) if manifest.trust is not None else None
     con.close()
-    return _write_predictions(catalog, run_id, where, sel, results, emb, store)
+    return _write_predictions(catalog, run_id, where, sel, results, emb, store, flags)
 
 
 def _predict_tabular(catalog: Catalog, run_id: str, predictor, where: str | None, store) -> PredictReport:
@@ -460,8 +470,9 @@ def _predict_tabular(catalog: Catalog, run_id: str, predictor, where: str | None
 
 
 def _write_predictions(catalog: Catalog, run_id: str, where, sel: Selection, results: dict[str, np.ndarray],
-                       emb: np.ndarray, store) -> PredictReport:
-    """A prediction run's rows (the first of ``results`` is its answer), and the answer into the store."""
+                       emb: np.ndarray, store, flags: np.ndarray | None = None) -> PredictReport:
+    """A prediction run's rows (the first of ``results`` is its answer, ``flags`` whether each input
+    lies within the training models' weight scales), and the answer into the store."""
     task = task_named(sel.task)
     method, pred = next(iter(results.items()))
     known = task.known(sel.targets)
@@ -469,7 +480,9 @@ def _write_predictions(catalog: Catalog, run_id: str, where, sel: Selection, res
                    if (known & np.isfinite(p)).sum() >= 2 else {}) for m, p in results.items()}
     new_run = f"{run_id}-predict-{uuid.uuid4().hex[:6]}"
     write_run(catalog, new_run, {"where": where, "source_run": run_id}, sel, results, emb, metrics,
-              catalog.location("artifacts", run_id), splits=np.array(["predict"] * len(sel.model_ids)), method=method)
+              catalog.location("artifacts", run_id), splits=np.array(["predict"] * len(sel.model_ids)), method=method,
+              in_distribution=flags)
     if store is not None:
         write_back(catalog, store, sel, pred, run_id)
-    return PredictReport(run_id, len(sel.model_ids), sel.target, metrics[method])
+    return PredictReport(run_id, len(sel.model_ids), sel.target, metrics[method],
+                         warning_line(flags) if flags is not None else None)

@@ -32,7 +32,9 @@ def trained(tmp_path_factory, catalog_dir):
 
 def test_run_reports_and_writes_results(trained):
     root, report = trained
-    assert set(report.metrics) == {"ngnn", "statnn", "statnn_mlp", "flat_mlp", "ngnn+statnn+statnn_mlp"}
+    from jobs.predictors import names
+
+    assert set(report.metrics) == {"ngnn", "ngnn+statnn+statnn_mlp", *names("tabular")}
     assert report.metrics["ngnn"]["n"] == report.n_models["test"]
     con = duck.connect(root)
     # the reported scores are the scores of the written predictions against the catalog's targets

@@ -1,0 +1,83 @@
+"""The trust signal: a model rescaled in a function-preserving way lies outside the training
+models' weight scales, and `jobs predict` says so per prediction and in one warning line."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import save_file
+
+from graphstore import duck
+from jobs.training.data import select_models
+from jobs.training.trust import FEATURES, TrustProfile, profiles_of, scale_profile, scale_profiles
+from pipeline.graph_codec import read_graphs, read_plans
+from pipeline.neural_graph.build import state_dict_from_graph
+from pipeline.neural_graph.symmetry import random_hidden_permutation, random_rescaling
+
+
+def _rescaled(con, ids, max_scale, seed=0):
+    arch, plans = read_plans(con, ids)
+    return [random_rescaling(g, np.random.default_rng([seed, k]), max_scale, steps=plans[arch[m]].steps)
+            for k, (m, g) in enumerate(zip(ids, read_graphs(con, ids, plans=plans)))]
+
+
+def test_the_profile_ignores_permutations_and_moves_under_rescaling(catalog_dir):
+    con = duck.connect(catalog_dir)
+    mid = con.execute("SELECT model_id FROM models WHERE zoo = 'cnn' AND activation = 'relu' LIMIT 1").fetchone()[0]
+    graph, = read_graphs(con, [mid])
+    before = scale_profile(graph)
+    assert before.shape == (len(FEATURES),) and np.isfinite(before[:2]).all()
+    permuted = graph.permuted(random_hidden_permutation(graph, np.random.default_rng(0)))
+    np.testing.assert_allclose(scale_profile(permuted), before, rtol=1e-6, atol=1e-9)
+    moved = scale_profile(_rescaled(con, [mid], 1000.0)[0])
+    assert moved[0] > before[0] + 1.0           # the first hidden layer's log ratio moves by ~2 log10(a) - log10 rms(a)
+
+
+def test_rescaled_copies_are_flagged_and_clean_models_are_not(catalog_dir):
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir, folds=(3, 0))
+    trust = TrustProfile.fit(profiles_of(con, sel.ids("train")))
+    assert trust.in_distribution(profiles_of(con, sel.ids("train"))).all()
+    others = sel.ids("val") + sel.ids("test")
+    clean = profiles_of(con, others)
+    assert len(others) >= 10 and trust.in_distribution(clean).mean() >= 0.9
+    moved = scale_profiles(_rescaled(con, others, 1000.0))
+    changed = np.abs(np.nan_to_num(moved) - np.nan_to_num(clean)).max(1) > 1e-6      # ReLU-like models only
+    assert changed.sum() >= 4 and (~trust.in_distribution(moved[changed])).mean() >= 0.8
+    assert TrustProfile.from_dict(json.loads(json.dumps(trust.to_dict()))) == trust
+
+
+def test_predict_flags_rescaled_models_in_its_rows_and_one_warning(catalog_copy, cnn_zoo, tmp_path):
+    """Rescaled copies of trained models ingested as a new zoo: `jobs predict` writes
+    in_distribution = false for them and prints one warning line; clean models stay true."""
+    from jobs.cli import main
+    from pipeline.ingest import ingest_zoo
+
+    res = CliRunner().invoke(main, ["train-heterognn", "--catalog", str(catalog_copy), "--where", "zoo = 'cnn'",
+                                    "--ensemble", "1", "--epochs", "1", "--hidden", "8", "--edge-hidden", "4",
+                                    "--layers", "1", "--batch-size", "16", "--no-baselines"])
+    assert res.exit_code == 0, res.output
+    con = duck.connect(catalog_copy)
+    run_id, = con.execute("SELECT run_id FROM runs").fetchone()
+    rows = con.execute("SELECT model_id, source_path FROM models WHERE zoo = 'cnn' AND activation = 'relu' "
+                       "ORDER BY model_id LIMIT 6").fetchall()
+    zoo = tmp_path / "rescaled"
+    zoo.mkdir()
+    for (mid, source), graph in zip(rows, _rescaled(con, [r[0] for r in rows], 1000.0)):
+        state = {k: v.contiguous() for k, v in state_dict_from_graph(graph).items()}
+        save_file(state, str(zoo / f"{mid[:12]}.safetensors"))
+        (zoo / f"{mid[:12]}.json").write_text((cnn_zoo / source).with_suffix(".json").read_text())
+    con.close()
+    assert ingest_zoo(zoo, catalog_copy, zoo_name="rescaled", progress=False).ok
+    res = CliRunner().invoke(main, ["predict", "--catalog", str(catalog_copy), "--run", run_id,
+                                    "--where", "zoo IN ('rescaled', 'cnn')"])
+    assert res.exit_code == 0, res.output
+    warning, = res.stderr.strip().splitlines()
+    con = duck.connect(catalog_copy)
+    flags = dict(con.execute("SELECT m.zoo, list(p.in_distribution) FROM predictions p JOIN models m USING "
+                             "(model_id) WHERE p.split = 'predict' GROUP BY m.zoo").fetchall())
+    assert sum(not f for f in flags["rescaled"]) >= 5 and all(f is not None for f in flags["cnn"])
+    n_out = sum(not f for f in flags["rescaled"] + flags["cnn"])
+    assert warning.startswith(f"warning: {n_out} of {len(flags['rescaled']) + len(flags['cnn'])} models lie outside")
+    assert sum(not f for f in flags["cnn"]) <= len(flags["cnn"]) // 10
