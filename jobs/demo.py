@@ -1,5 +1,6 @@
-"""The main job end to end on the embedded defaults: make a CNN zoo, ingest it, train NG-GNN,
-and compare predicted with true test accuracy (the README's first command)."""
+"""The main job end to end on the embedded defaults: make a CNN zoo, ingest it, train NG-GNN (the
+run answers with it blended with StatNN), and compare predicted with true test accuracy (the
+README's first command)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,10 +15,11 @@ from pipeline.ingest import IngestReport, ingest_zoo
 from pipeline.zoo.make import ZooReport, make_zoo
 from zoocore.errors import ZooGraphError
 
+# the run's answer (runs.method: NG-GNN blended with StatNN, jobs.predictors.stacking) on the test models
 PREDICTED_VS_TRUE = (
     "SELECT m.checkpoint, round(m.test_accuracy, 3) AS true_accuracy, round(p.predicted, 3) AS predicted "
-    "FROM predictions p JOIN models m USING (model_id) "
-    "WHERE p.run_id = ? AND p.method = 'ngnn' AND p.split = 'test' ORDER BY m.test_accuracy DESC")
+    "FROM predictions p JOIN runs r USING (run_id, method) JOIN models m USING (model_id) "
+    "WHERE p.run_id = ? AND p.split = 'test' ORDER BY m.test_accuracy DESC")
 
 
 @dataclass

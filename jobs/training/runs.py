@@ -35,12 +35,13 @@ class RunReport:
                  f"{self.n_models['val']} val / {self.n_models['test']} test models "
                  f"({self.epochs_run} epochs, {self.seconds:.0f}s)"]
         keys = task_named(self.task).metric_keys
-        lines.append(f"  {'method':10s} " + " ".join(f"{k:>12s}" for k in keys) + "   (test split)")
+        w = max(10, *map(len, self.metrics))
+        lines.append(f"  {'method':{w}s} " + " ".join(f"{k:>12s}" for k in keys) + "   (test split)")
         for method, m in self.metrics.items():
             cells = " ".join(f"{m.get(k, float('nan')):12.4f}" if isinstance(m.get(k), (int, float))
                              else f"{'n/a':>12s}" for k in keys)
             note = f"   {m['note']}" if m.get("note") else ""
-            lines.append(f"  {method:10s} {cells}{note}")
+            lines.append(f"  {method:{w}s} {cells}{note}")
         if self.store_warning:
             lines.append(f"  graph store not updated: {self.store_warning} (run `graphstore sync` later)")
         return "\n".join(lines)
