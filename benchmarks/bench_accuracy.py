@@ -56,7 +56,7 @@ def overrides(pairs: list[str]) -> dict:
     """``--set key=value`` pairs as TrainConfig fields (a lever of the recipe, e.g. layers=5)."""
     from dataclasses import fields
 
-    from jobs.training.train import TrainConfig
+    from jobs.config import TrainConfig
     from zoocore.settings import typed_pairs
 
     try:
@@ -67,7 +67,8 @@ def overrides(pairs: list[str]) -> dict:
 
 def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: int, baselines: bool,
              lever: dict | None = None) -> str:
-    from jobs.training.train import TrainConfig, train_heterognn
+    from jobs.config import TrainConfig
+    from jobs.training.train import train_heterognn
 
     settings = {"epochs": epochs, "patience": max(5, epochs // 3), **(lever or {})}   # 10 -> 5, the default
     cfg = TrainConfig(folds=folds, fold=fold, seed=seed, model=model, baselines=baselines, **settings)
@@ -245,7 +246,7 @@ def main(argv=None) -> None:
                     help="a TrainConfig field for the metanetworks (a recipe lever), e.g. --set layers=5; repeatable")
     args = ap.parse_args(argv)
     n = args.n or (1500 if args.full else 400)
-    from jobs.training.train import OptimConfig
+    from jobs.config import OptimConfig
 
     epochs = args.epochs or OptimConfig.epochs
     # quick mode trains one metanetwork per fold, not the recipe's ensemble of 3, to stay under 20 minutes

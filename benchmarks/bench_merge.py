@@ -12,7 +12,8 @@ from _zoos import CACHE
 
 from graphstore import duck
 from jobs.analysis.merge import MergeConfig, merge_models
-from jobs.training.train import TrainConfig, train_heterognn
+from jobs.config import TrainConfig
+from jobs.training.train import train_heterognn
 from pipeline.ingest import ingest_zoo
 from pipeline.zoo.make import make_zoo
 

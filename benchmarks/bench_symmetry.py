@@ -35,7 +35,8 @@ VARIANTS = {"ngnn": {}, "ngnn+canonical": {"canonical": True}, "ngnn+quasi": {"q
 
 def run_variant(cat: Path, variant: str, seed: int, epochs: int, baselines: bool, folds: int = 0,
                 fold: int = 0) -> dict:
-    from jobs.training.train import TrainConfig, train_heterognn
+    from jobs.config import TrainConfig
+    from jobs.training.train import train_heterognn
 
     cfg = TrainConfig(where="activation = 'relu'", epochs=epochs, patience=max(4, epochs // 3), seed=seed,
                       rescale_test=SCALES, baselines=baselines, folds=folds, fold=fold, **VARIANTS[variant])

@@ -78,7 +78,7 @@ def predict(catalog, run_id, where, device, neo4j_uri, neo4j_user, neo4j_passwor
     computes the same function, but the predictor never saw its like."""
     from graphstore.catalog import Catalog
     from jobs.training.run_weights import require_run
-    from jobs.training.train import predict as run_predict
+    from jobs.training.predict import predict as run_predict
 
     root = existing_catalog(catalog)
     require_run(Catalog(root), run_id)              # a name the catalog lists, before anything is opened

@@ -10,7 +10,9 @@ from typing import Any, Callable
 from graphstore import duck
 from graphstore.catalog import Catalog
 from graphstore.metadata import open_store
-from jobs.training.train import RunReport, TrainConfig, train_heterognn
+from jobs.config import TrainConfig
+from jobs.training.runs import RunReport
+from jobs.training.train import train_heterognn
 from pipeline.ingest import IngestReport, ingest_zoo
 from pipeline.zoo.make import ZooReport, make_zoo
 from zoocore.errors import ZooGraphError

@@ -174,7 +174,7 @@ def newest_run(con) -> str | None:
 def node_embeddings(catalog: Catalog, run_id: str, model: CatalogModel, device: str = "cpu") -> np.ndarray:
     """A trained run's node embeddings of ``model`` (N, H * members), rows in graph node order."""
     from jobs.training.data import normalised_graph
-    from jobs.training.train import load_metanetwork
+    from jobs.training.artifacts import load_metanetwork
 
     members, manifest = load_metanetwork(catalog, run_id, device)
     etypes = members[0].cfg.etypes

@@ -1,9 +1,11 @@
-"""``jobs train-heterognn`` and ``jobs predict``: the one training module.
+"""``jobs train-heterognn``: select the models, fit the predictor the configuration names (a
+metanetwork on streamed graphs with early stopping on validation, or a tabular one), fit the
+tabular baselines on the same split, blend (jobs.predictors.stacking), and write the run
+(jobs.training.runs, jobs.training.artifacts) and ``predicted_<target>`` in the graph store.
 
-A run selects models, computes per-layer statistics on its training split, streams graphs,
-trains NG-GNN with early stopping on validation, evaluates it and the two baselines on the same
-test split, and writes ``runs`` / ``predictions`` / ``embeddings`` to the catalog, the trained
-metanetwork to ``CATALOG/artifacts/RUN_ID/``, and ``predicted_<target>`` to the graph store.
+The walk: ``train_heterognn`` -> ``_selection`` -> preparation and statistics -> ``_fit_one`` per
+ensemble member -> ``infer_ensemble`` -> calibration -> baselines and blend -> rescaled scoring ->
+artifacts and the run's rows.
 """
 from __future__ import annotations
 
@@ -13,30 +15,29 @@ import time
 import uuid
 from dataclasses import asdict, fields
 
-import dgl
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
-from jobs.training.augment import augmenter
-from jobs.config import DataConfig, MetanetConfig, ModelConfig, OptimConfig, TrainConfig  # noqa: F401  (OptimConfig: re-exported)
-from jobs.training.distributed import (DistContext, barrier, broadcast, gather_rows, init_from_env, local_batch_size,
-                              shard)
-from jobs.training.data import (GraphList, GraphStream, LayerStats, Selection, layer_stats, layer_stats_of_graphs,
-                       select_models)
-from jobs.training.manifest import RunManifest
-from jobs.training.runs import PredictReport, RunReport, write_back, write_run
+from jobs.config import DataConfig, MetanetConfig, ModelConfig, TrainConfig
 from jobs.metanets import build_metanetwork
-from jobs.metanets.ngnn import NGGNN, NGGNNConfig
-from jobs.predictors import entry, names as predictor_names
+from jobs.metanets.ngnn import NGGNNConfig
 from jobs.metanets.probes import check_probe_graph
-from jobs.training.run_weights import predictor_files, read_predictor, read_weights, require_run, weights_files
-from jobs.predictors.stacking import Stack, read_stack, stack_with_statistics
+from jobs.predictors import entry, names as predictor_names
+from jobs.predictors.stacking import stack_with_statistics
 from jobs.predictors.tabular import fit_all
+from jobs.training.artifacts import save_metanetwork
+from jobs.training.data import GraphStream, Selection, layer_stats, layer_stats_of_graphs, select_models
+from jobs.training.distributed import DistContext, barrier, broadcast, init_from_env, local_batch_size, shard
+from jobs.training.inference import _batch, infer, infer_ensemble
+from jobs.training.preparation import preparation, read_prepared, training_changes
+from jobs.training.rescaled import score_rescaled
+from jobs.training.run_weights import predictor_files
+from jobs.training.runs import RunReport, write_back, write_run
 from jobs.training.tasks import CALIBRATIONS, TargetScale, Task, task_named
-from jobs.training.trust import TrustProfile, profiles_of, scale_profiles, warning_line
+from jobs.training.trust import TrustProfile, profiles_of
 from zoocore.errors import JobError
 
 
@@ -50,28 +51,6 @@ def metanet_config(model: ModelConfig, etypes, frame: tuple[int, int], out_dim: 
 def metrics_for(task: str, y: np.ndarray, p: np.ndarray) -> dict[str, float]:
     """The task's test metrics: Kendall tau, R^2, MAE (regression) or accuracy, macro-F1 (classification)."""
     return task_named(task).metrics(y, p)
-
-
-def _batch(graphs, device):
-    return dgl.batch(graphs).to(device)
-
-
-@torch.no_grad()
-def infer(model: NGGNN, stream: GraphStream, indices, batch_size: int, device,
-          ctx: DistContext | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Raw outputs (n, out_dim) and embeddings (n, d) for ``indices``, in that order; under
-    torchrun each rank infers its shard and every rank gets all rows."""
-    ctx = ctx or DistContext()
-    model.eval()
-    local = shard(indices, ctx)
-    outs, embs = [], []
-    for _idx, graphs in stream.batches(local, batch_size):   # batches come back in order
-        out, z = model(_batch(graphs, device))
-        outs.append(out.cpu().numpy())
-        embs.append(z.cpu().numpy())
-    out = np.concatenate(outs) if outs else np.zeros((0, model.cfg.out_dim), np.float32)
-    emb = np.concatenate(embs) if embs else np.zeros((0, model.readout_dim), np.float32)
-    return gather_rows(ctx, np.asarray(indices, dtype=np.int64), local, out, emb)
 
 
 def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, stream: GraphStream, train_idx, val_idx,
@@ -126,14 +105,6 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
     if best_state is not None:
         model.load_state_dict(best_state)
     return model, history, epochs_run
-
-
-def infer_ensemble(models: list[NGGNN], stream: GraphStream, indices, batch_size: int, device,
-                   task: Task, ctx: DistContext | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The members' outputs combined by the task (regression: mean; classification: log of the
-    mean softmax) and their embeddings side by side (still invariant)."""
-    outs, embs = zip(*(infer(m, stream, indices, batch_size, device, ctx) for m in models))
-    return task.combine(list(outs)), np.concatenate(embs, axis=1)
 
 
 def _selection(con, catalog: Catalog, cfg: DataConfig) -> tuple[Selection, dict[str, int], Task]:
@@ -282,207 +253,3 @@ def train_tabular(catalog: Catalog, cfg: TrainConfig, store=None) -> RunReport:
         except Exception as exc:
             report.store_warning = str(exc).splitlines()[0]
     return report
-
-
-def canonical_graph(graph, steps):
-    """The scale canonicalisation of a graph (``pipeline.neural_graph.symmetry.canonical_scaling``)."""
-    from pipeline.neural_graph.symmetry import canonical_scaling
-
-    return canonical_scaling(graph, steps)[0]
-
-
-def preparation(canonical: bool = False, bn_stats: bool = False):
-    """The GraphStream ``prepare`` a run's graphs get (None: none): the scale canonicalisation, then
-    batch norms as their evaluation-time affine maps (pipeline.neural_graph.norm_stats); in that
-    order, because the canonicalisation moves factors through batch norm's running statistics."""
-    if not (canonical or bn_stats):
-        return None
-    from pipeline.neural_graph.norm_stats import effective_batch_norms
-
-    def prepare(graph, steps):
-        if canonical:
-            graph = canonical_graph(graph, steps)
-        return effective_batch_norms(graph) if bn_stats else graph
-    return prepare
-
-
-def training_changes(cfg: DataConfig):
-    """(prepare, augment) of the training stream: augment is None when the run has no augmentation
-    (training then reads the same graphs as validation). Rescalings act on the checkpoint's own
-    parameters (batch norm's gamma and running statistics), so with augmentation the batch norms
-    become their affine maps last, after each rescaling and noise draw, not once on reading."""
-    augment = augmenter(rescaler(cfg.scale_augment) if cfg.scale_augment else None,
-                        noise=cfg.weight_noise, dropout=cfg.weight_dropout)
-    if augment is None:
-        return preparation(cfg.canonical, cfg.bn_stats), None
-    if cfg.bn_stats:
-        from pipeline.neural_graph.norm_stats import effective_batch_norms
-
-        augment = augmenter(augment, lambda graph, steps, rng: effective_batch_norms(graph))
-    return preparation(cfg.canonical, False), augment
-
-
-def rescaler(max_scale: float):
-    """An ``augment`` for GraphStream: a random function-preserving rescaling (and sign flip where the
-    activation allows it) of every hidden neuron, magnitudes U[1, max_scale]."""
-    from pipeline.neural_graph.symmetry import random_rescaling
-
-    def augment(graph, steps, rng):
-        return random_rescaling(graph, rng, max_scale, steps=steps)
-    return augment
-
-
-def read_prepared(con, ids, prepare=None, chunk: int = 256) -> list:
-    """The NeuralGraphs of ``ids`` from the catalog, with ``prepare(graph, steps)`` applied."""
-    from pipeline.graph_codec import read_graphs, read_plans
-
-    arch, plans = read_plans(con, ids)
-    out = []
-    for start in range(0, len(ids), chunk):
-        part = list(ids[start:start + chunk])
-        graphs = read_graphs(con, part, plans=plans)
-        out += graphs if prepare is None else [prepare(g, plans[arch[m]].steps) for m, g in zip(part, graphs)]
-    return out
-
-
-def rescaled_test_graphs(con, ids, max_scale: float, seed: int) -> list:
-    """Function-preserving random rescalings U[1, max_scale] of ``ids`` (the same ones on every call)."""
-    from pipeline.graph_codec import read_graphs, read_plans
-    from pipeline.neural_graph.symmetry import random_rescaling
-
-    arch, plans = read_plans(con, ids)
-    return [random_rescaling(g, np.random.default_rng([seed, 7919, k]), max_scale, steps=plans[arch[m]].steps)
-            for k, (m, g) in enumerate(zip(ids, read_graphs(con, list(ids), plans=plans)))]
-
-
-def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, scale: TargetScale,
-                   cfg: TrainConfig, device, max_scale: float, baselines=(),
-                   trust: TrustProfile | None = None) -> dict[str, dict]:
-    """Test metrics of the metanetwork (and of the fitted ``baselines`` that read in-memory graphs)
-    on rescaled copies U[1, max_scale] of the test models: ``{"ngnn@xMAX": ..., "statnn@xMAX": ...}``."""
-    test_idx = np.nonzero(sel.mask("test"))[0]
-    ids = [sel.model_ids[i] for i in test_idx]
-    graphs = rescaled_test_graphs(con, ids, max_scale, cfg.seed)
-    y = sel.targets[test_idx]
-    tag = f"@x{max_scale:g}"
-    inputs = graphs
-    prepare = preparation(cfg.canonical, cfg.bn_stats)      # the same preparation the run trained on
-    if prepare is not None:
-        from pipeline.graph_codec import read_plans
-
-        arch, plans = read_plans(con, ids)
-        inputs = [prepare(g, plans[arch[m]].steps) for m, g in zip(ids, graphs)]
-    listed = GraphList(inputs, sel, stats, raw=bool(cfg.probes))
-    task = task_named(sel.task)
-    out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, task)
-    metrics = {cfg.model + tag: task.metrics(y, task.decode(out, scale))}
-    if trust is not None:       # how many copies `jobs predict` would flag (the clean test models: beside)
-        flagged = int((~trust.in_distribution(scale_profiles(graphs))).sum())
-        clean = int((~trust.in_distribution(profiles_of(con, ids))).sum())
-        metrics[cfg.model + tag]["note"] = (f"out of distribution: {flagged} of {len(ids)} rescaled copies, "
-                                            f"{clean} of {len(ids)} clean test models")
-    for base in baselines:
-        if hasattr(base, "features_of_graphs"):       # predictors that can read in-memory graphs (StatNN)
-            metrics[base.name + tag] = task.metrics(y, base.predict_features(base.features_of_graphs(con, ids, graphs)))
-    return metrics
-
-
-def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Selection, stats: LayerStats,
-                     scale: TargetScale, cfg: TrainConfig, stack: Stack | None = None,
-                     trust: TrustProfile | None = None):
-    """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.safetensors`` state dict per member,
-    ``metanet.json`` and the blend with a baseline (jobs.predictors.stacking) if the run made one, committed as
-    one folder (a crash leaves all of them or none)."""
-    manifest = RunManifest(model=models[0].cfg, stats=stats, task=sel.task, target=sel.target, frame=tuple(sel.frame),
-                           scale=scale, classes=list(sel.classes), members=len(models), train=asdict(cfg), trust=trust)
-    files = {}
-    for k, model in enumerate(models):
-        files.update(weights_files(f"metanet-{k}", model.state_dict()))
-    files["metanet.json"] = manifest.to_json()
-    if stack is not None:
-        files.update(stack.files())
-    catalog.commit_artifacts(run_id, files)
-    return catalog.location("artifacts", run_id)
-
-
-def load_metanetwork(catalog: Catalog, run_id: str, device: str = "cpu") -> tuple[list[NGGNN], RunManifest]:
-    """The trained members of a run (weights read as tensors only: jobs.training.run_weights) and its manifest."""
-    require_run(catalog, run_id)
-    raw = catalog.read_artifact(run_id, "metanet.json")
-    if raw is None:
-        raise JobError(f"no trained metanetwork for run {run_id!r} in {catalog.artifacts_dir}")
-    manifest = RunManifest.from_json(raw, f"the manifest of run {run_id!r}")
-    models = []
-    for k in range(manifest.members):
-        model = build_metanetwork(manifest.model)
-        model.load_state_dict(read_weights(catalog, run_id, f"metanet-{k}"))
-        models.append(model.to(device).eval())
-    return models, manifest
-
-
-def predict(catalog: Catalog | str, run_id: str, where: str | None = None, device: str = "cpu", store=None,
-            batch_size: int = 64) -> PredictReport:
-    """Apply a run's trained predictor to the models matching ``where`` (targets need not be known):
-    its metanetwork (blended with its baseline when the run blended them) or its tabular predictor."""
-    catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
-    require_run(catalog, run_id)
-    if catalog.read_artifact(run_id, "metanet.json") is None:
-        tabular = read_predictor(catalog, run_id, "predictor")
-        if tabular is not None:
-            return _predict_tabular(catalog, run_id, tabular, where, store)
-    models, manifest = load_metanetwork(catalog, run_id, device)
-    stack = read_stack(catalog, run_id)
-    model, task = models[0], manifest.task_kind
-    con = duck.connect(catalog)
-    sel = select_models(con, manifest.target, where, manifest.task, classes=manifest.classes or None,
-                        require_target=False, catalog=catalog)
-    frame = manifest.frame
-    if sel.frame[0] > frame[0] or sel.frame[1] > frame[1]:
-        raise JobError(f"these models have kernels up to {sel.frame}, the metanetwork was trained on {frame}")
-    unknown = set(sel.etypes) - set(model.cfg.etypes)
-    if unknown:
-        raise JobError(f"these models have edge types the metanetwork never saw: {sorted(unknown)}")
-    sel.frame, sel.etypes = frame, list(model.cfg.etypes)
-    if model.cfg.probes:
-        check_probe_graph(sel.etypes)
-    stream = GraphStream(con, sel, manifest.stats, raw=bool(model.cfg.probes),
-                         prepare=preparation(manifest.train.get("canonical", False), manifest.train.get("bn_stats", False)))
-    out, emb = infer_ensemble(models, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device), task)
-    kind = manifest.model.kind
-    results = {kind: task.decode(out, manifest.scale)}
-    if stack is not None:
-        results = {**stack.predict(con, sel.model_ids, results[kind]), **results}
-    flags = manifest.trust.in_distribution(profiles_of(con, sel.model_ids)) if manifest.trust is not None else None
-    con.close()
-    return _write_predictions(catalog, run_id, where, sel, results, emb, store, flags)
-
-
-def _predict_tabular(catalog: Catalog, run_id: str, predictor, where: str | None, store) -> PredictReport:
-    con = duck.connect(catalog)
-    try:
-        sel = select_models(con, predictor.target, where, predictor.task, classes=predictor.classes or None,
-                            require_target=False, catalog=catalog)
-        pred, _ = predictor.predict(con, sel.model_ids)
-    finally:
-        con.close()
-    return _write_predictions(catalog, run_id, where, sel, {predictor.name: pred},
-                              np.zeros((len(sel.model_ids), 0), np.float32), store)
-
-
-def _write_predictions(catalog: Catalog, run_id: str, where, sel: Selection, results: dict[str, np.ndarray],
-                       emb: np.ndarray, store, flags: np.ndarray | None = None) -> PredictReport:
-    """A prediction run's rows (the first of ``results`` is its answer, ``flags`` whether each input
-    lies within the training models' weight scales), and the answer into the store."""
-    task = task_named(sel.task)
-    method, pred = next(iter(results.items()))
-    known = task.known(sel.targets)
-    metrics = {m: (task.metrics(sel.targets[known & np.isfinite(p)], p[known & np.isfinite(p)])
-                   if (known & np.isfinite(p)).sum() >= 2 else {}) for m, p in results.items()}
-    new_run = f"{run_id}-predict-{uuid.uuid4().hex[:6]}"
-    write_run(catalog, new_run, {"where": where, "source_run": run_id}, sel, results, emb, metrics,
-              catalog.location("artifacts", run_id), splits=np.array(["predict"] * len(sel.model_ids)), method=method,
-              in_distribution=flags)
-    if store is not None:
-        write_back(catalog, store, sel, pred, run_id)
-    return PredictReport(run_id, len(sel.model_ids), sel.target, metrics[method],
-                         warning_line(flags) if flags is not None else None)

@@ -230,7 +230,7 @@ def test_object_storage_uses_pid_host_and_age(monkeypatch):
 
 
 def test_artifacts_are_committed_at_once_and_a_crash_leaves_none(tmp_path):
-    from jobs.training.train import load_metanetwork
+    from jobs.training.artifacts import load_metanetwork
     from zoocore.errors import JobError
 
     cat = Catalog(tmp_path / "cat")

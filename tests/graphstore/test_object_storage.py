@@ -12,7 +12,10 @@ from click.testing import CliRunner
 
 from graphstore import duck
 from graphstore.catalog import Catalog
-from jobs.training.train import TrainConfig, load_metanetwork, predict, train_heterognn
+from jobs.config import TrainConfig
+from jobs.training.artifacts import load_metanetwork
+from jobs.training.predict import predict
+from jobs.training.train import train_heterognn
 from pipeline.cli import main as pipeline_cli
 from pipeline.ingest import ingest_zoo
 

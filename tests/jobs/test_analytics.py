@@ -12,7 +12,9 @@ from graphstore.metadata import open_store
 from graphstore.sync import sync_store
 from jobs.analysis.analytics import classify, load_embeddings, precision_at_k, retrieve
 from jobs.cli import main as jobs_cli
-from jobs.training.train import TrainConfig, predict, train_heterognn
+from jobs.config import TrainConfig
+from jobs.training.predict import predict
+from jobs.training.train import train_heterognn
 from pipeline.ingest import ingest_zoo
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.convert import convert_checkpoint

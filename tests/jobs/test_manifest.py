@@ -9,7 +9,8 @@ from jobs.training.data import LayerStats
 from jobs.training.manifest import RunManifest
 from jobs.metanets.ngnn import NGGNNConfig
 from jobs.training.tasks import TargetScale
-from jobs.training.train import DataConfig, ModelConfig, OptimConfig, TrainConfig, metanet_config
+from jobs.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+from jobs.training.train import metanet_config
 from zoocore.errors import JobError
 
 ETYPES = [("input", "conv", "hidden"), ("hidden", "linear", "output")]

@@ -13,7 +13,8 @@ from graphstore import duck
 from jobs.analysis.catalog_models import load_model
 from jobs.cli import main as jobs_cli
 from jobs.analysis.merge import MergeConfig, merge_models
-from jobs.training.train import TrainConfig, train_heterognn
+from jobs.config import TrainConfig
+from jobs.training.train import train_heterognn
 from pipeline.checkpoints import load_state_dict
 from pipeline.ingest import ingest_zoo
 from pipeline.neural_graph.symmetry import random_hidden_permutation

@@ -37,7 +37,7 @@ def test_the_cli_defaults_are_the_library_recipe():
     import click
 
     from jobs.cli import train_heterognn_cmd
-    from jobs.training.train import TrainConfig
+    from jobs.config import TrainConfig
 
     recipe = {f.name: getattr(TrainConfig(), f.name) for f in fields(TrainConfig)}
     checked, ctx = set(), click.Context(train_heterognn_cmd)

@@ -10,7 +10,10 @@ from jobs.training.data import layer_stats, normalised_graph, select_models
 from jobs.metanets import build_metanetwork
 from jobs.metanets.ngnn import NGGNNConfig
 from jobs.metanets.ngt import NGT
-from jobs.training.train import TrainConfig, load_metanetwork, predict, train_heterognn
+from jobs.config import TrainConfig
+from jobs.training.artifacts import load_metanetwork
+from jobs.training.predict import predict
+from jobs.training.train import train_heterognn
 from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 from tests.conftest import ingest_with_split_column
@@ -123,7 +126,8 @@ def test_an_ngt_saved_before_the_spread_read_and_relation_values_loads_as_it_was
     """Runs saved before ``attention_std`` and ``relation_values`` existed have no such keys: they load
     without them (output maps one block wide, one shared value map), while new runs get both from the
     recipe."""
-    from jobs.training.train import ModelConfig, metanet_config
+    from jobs.config import ModelConfig
+    from jobs.training.train import metanet_config
 
     etypes = [("input", "w", "hidden"), ("hidden", "rev_w", "input")]
     new = metanet_config(ModelConfig(model="ngt", hidden=16, edge_hidden=8, layers=1), etypes, (1, 1), 1)
@@ -144,7 +148,8 @@ def test_an_ngt_saved_before_the_spread_read_and_relation_values_loads_as_it_was
 def test_attention_dropout_acts_while_training_only(catalog_dir):
     """--attention-dropout reaches NG-T's attention from its one field: training outputs vary with
     it, evaluation outputs do not."""
-    from jobs.training.train import ModelConfig, metanet_config
+    from jobs.config import ModelConfig
+    from jobs.training.train import metanet_config
 
     con = duck.connect(catalog_dir)
     sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)

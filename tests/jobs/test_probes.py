@@ -7,7 +7,8 @@ from graphstore import duck
 from jobs.training.data import LayerStats, normalised_graph
 from jobs.metanets.ngnn import NGGNN, NGGNNConfig
 from jobs.metanets.probes import ProbeFeatures
-from jobs.training.train import TrainConfig, train_heterognn
+from jobs.config import TrainConfig
+from jobs.training.train import train_heterognn
 from pipeline.neural_graph.convert import convert_checkpoint
 from pipeline.neural_graph.heterograph import canonical_etypes_of, with_reverses
 from pipeline.neural_graph.symmetry import random_hidden_permutation

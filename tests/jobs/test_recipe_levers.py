@@ -11,7 +11,10 @@ from jobs.training.augment import augmenter, perturb_weights
 from jobs.training.data import layer_stats, normalised_graph, select_models
 from jobs.metanets import build_metanetwork
 from jobs.metanets.ngnn import NGGNNConfig
-from jobs.training.train import TrainConfig, load_metanetwork, predict, train_heterognn
+from jobs.config import TrainConfig
+from jobs.training.artifacts import load_metanetwork
+from jobs.training.predict import predict
+from jobs.training.train import train_heterognn
 from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 from pipeline.neural_graph.vocabulary import RELATIONS
@@ -117,7 +120,7 @@ def test_a_run_with_the_levers_trains_and_reloads_with_them(catalog_copy):
 
 
 def test_with_augmentation_batch_norms_become_affine_maps_after_each_rescaling(catalog_dir):
-    from jobs.training.train import preparation, training_changes
+    from jobs.training.preparation import preparation, training_changes
     from pipeline.graph_codec import read_plans
     from pipeline.neural_graph.norm_stats import effective_batch_norms
     from pipeline.neural_graph.symmetry import random_rescaling

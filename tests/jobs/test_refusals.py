@@ -4,7 +4,8 @@ from click.testing import CliRunner
 
 from graphstore.cli import main as graphstore_cli
 from jobs.cli import main as jobs_cli
-from jobs.training.train import TrainConfig, train_heterognn
+from jobs.config import TrainConfig
+from jobs.training.train import train_heterognn
 from pipeline.cli import main as pipeline_cli
 from zoocore.errors import JobError
 

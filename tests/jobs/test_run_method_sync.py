@@ -15,7 +15,7 @@ from graphstore.metadata.ladybug_store import LadybugStore
 from graphstore.schema import RUNS
 from graphstore.sync import sync_store
 from jobs.training.data import select_models
-from jobs.training.train import write_run
+from jobs.training.runs import write_run
 
 
 @pytest.mark.slow

@@ -6,7 +6,9 @@ import pytest
 from graphstore import duck
 from jobs.predictors.baselines import statnn_features, statnn_features_of_graphs
 from jobs.training.data import GraphStream, layer_stats, layer_stats_of_graphs, select_models
-from jobs.training.train import TrainConfig, canonical_graph, read_prepared, rescaler, train_heterognn
+from jobs.config import TrainConfig
+from jobs.training.preparation import canonical_graph, read_prepared, rescaler
+from jobs.training.train import train_heterognn
 from pipeline.graph_codec import read_graphs
 
 FAST = dict(ensemble=1, epochs=2, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=2)
@@ -88,7 +90,7 @@ def test_a_run_scores_rescaled_test_models_beside_the_clean_ones(canonical_run):
 
 
 def test_a_canonical_run_predicts_through_the_canonicalisation(canonical_run):
-    from jobs.training.train import predict
+    from jobs.training.predict import predict
 
     root, report = canonical_run
     res = predict(root, report.run_id, where="zoo = 'cnn'")
@@ -140,7 +142,8 @@ def test_the_quasi_layer_keeps_permutation_symmetry_and_stays_near_the_identity(
 
 
 def test_a_quasi_run_reports_its_overhead_and_reloads(catalog_copy):
-    from jobs.training.train import load_metanetwork, predict
+    from jobs.training.artifacts import load_metanetwork
+    from jobs.training.predict import predict
     from graphstore.catalog import Catalog
 
     report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", quasi=True, **FAST), progress=False)

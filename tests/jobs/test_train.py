@@ -9,7 +9,10 @@ from graphstore import duck
 from graphstore.catalog import Catalog
 from jobs.training.compare import kendall_tau
 from jobs.training.data import hash_split, normalised_graph
-from jobs.training.train import TrainConfig, load_metanetwork, predict, train_heterognn
+from jobs.config import TrainConfig
+from jobs.training.artifacts import load_metanetwork
+from jobs.training.predict import predict
+from jobs.training.train import train_heterognn
 from pipeline.ingest import ingest_zoo
 from pipeline.neural_graph.convert import convert_checkpoint
 from pipeline.neural_graph.symmetry import random_hidden_permutation

@@ -3,8 +3,6 @@ models' weight scales, and `jobs predict` says so per prediction and in one warn
 import json
 
 import numpy as np
-import pytest
-import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 

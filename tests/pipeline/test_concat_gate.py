@@ -211,7 +211,8 @@ def test_gated_concat_zoo_flows_through_ingest_store_and_training(tmp_path):
 
     from graphstore import duck
     from pipeline.graph_codec import read_graphs
-    from jobs.training.train import TrainConfig, train_heterognn
+    from jobs.config import TrainConfig
+    from jobs.training.train import train_heterognn
     from pipeline.ingest import ingest_zoo
 
     zoo = tmp_path / "zoo"

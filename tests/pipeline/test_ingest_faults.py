@@ -362,7 +362,8 @@ def test_a_held_graph_store_fails_ingest_and_a_rerun_repairs_it(tmp_path, mlp_zo
 
 
 def test_training_write_back_restores_models_the_graph_lost(catalog_copy):
-    from jobs.training.train import TrainConfig, train_heterognn
+    from jobs.config import TrainConfig
+    from jobs.training.train import train_heterognn
 
     with open_store(catalog_copy, use_env=False) as store:
         sync_store(catalog_copy, store)

@@ -1,0 +1,69 @@
+"""What graphs go through before a metanetwork reads them: batch norms as the affine maps they
+compute, scale canonicalisation, and the training-only changes (rescaling, noise, dropout).
+"""
+from __future__ import annotations
+
+
+from jobs.config import DataConfig
+from jobs.training.augment import augmenter
+
+
+def canonical_graph(graph, steps):
+    """The scale canonicalisation of a graph (``pipeline.neural_graph.symmetry.canonical_scaling``)."""
+    from pipeline.neural_graph.symmetry import canonical_scaling
+
+    return canonical_scaling(graph, steps)[0]
+
+
+def preparation(canonical: bool = False, bn_stats: bool = False):
+    """The GraphStream ``prepare`` a run's graphs get (None: none): the scale canonicalisation, then
+    batch norms as their evaluation-time affine maps (pipeline.neural_graph.norm_stats); in that
+    order, because the canonicalisation moves factors through batch norm's running statistics."""
+    if not (canonical or bn_stats):
+        return None
+    from pipeline.neural_graph.norm_stats import effective_batch_norms
+
+    def prepare(graph, steps):
+        if canonical:
+            graph = canonical_graph(graph, steps)
+        return effective_batch_norms(graph) if bn_stats else graph
+    return prepare
+
+
+def training_changes(cfg: DataConfig):
+    """(prepare, augment) of the training stream: augment is None when the run has no augmentation
+    (training then reads the same graphs as validation). Rescalings act on the checkpoint's own
+    parameters (batch norm's gamma and running statistics), so with augmentation the batch norms
+    become their affine maps last, after each rescaling and noise draw, not once on reading."""
+    augment = augmenter(rescaler(cfg.scale_augment) if cfg.scale_augment else None,
+                        noise=cfg.weight_noise, dropout=cfg.weight_dropout)
+    if augment is None:
+        return preparation(cfg.canonical, cfg.bn_stats), None
+    if cfg.bn_stats:
+        from pipeline.neural_graph.norm_stats import effective_batch_norms
+
+        augment = augmenter(augment, lambda graph, steps, rng: effective_batch_norms(graph))
+    return preparation(cfg.canonical, False), augment
+
+
+def rescaler(max_scale: float):
+    """An ``augment`` for GraphStream: a random function-preserving rescaling (and sign flip where the
+    activation allows it) of every hidden neuron, magnitudes U[1, max_scale]."""
+    from pipeline.neural_graph.symmetry import random_rescaling
+
+    def augment(graph, steps, rng):
+        return random_rescaling(graph, rng, max_scale, steps=steps)
+    return augment
+
+
+def read_prepared(con, ids, prepare=None, chunk: int = 256) -> list:
+    """The NeuralGraphs of ``ids`` from the catalog, with ``prepare(graph, steps)`` applied."""
+    from pipeline.graph_codec import read_graphs, read_plans
+
+    arch, plans = read_plans(con, ids)
+    out = []
+    for start in range(0, len(ids), chunk):
+        part = list(ids[start:start + chunk])
+        graphs = read_graphs(con, part, plans=plans)
+        out += graphs if prepare is None else [prepare(g, plans[arch[m]].steps) for m, g in zip(part, graphs)]
+    return out

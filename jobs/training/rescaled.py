@@ -1,0 +1,55 @@
+"""Scoring a run on function-preserving rescalings of its test models (``--rescale-test``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jobs.config import TrainConfig
+from jobs.metanets.ngnn import NGGNN
+from jobs.training.data import GraphList, LayerStats, Selection
+from jobs.training.inference import infer_ensemble
+from jobs.training.preparation import preparation
+from jobs.training.tasks import TargetScale, task_named
+from jobs.training.trust import TrustProfile, profiles_of, scale_profiles
+
+
+def rescaled_test_graphs(con, ids, max_scale: float, seed: int) -> list:
+    """Function-preserving random rescalings U[1, max_scale] of ``ids`` (the same ones on every call)."""
+    from pipeline.graph_codec import read_graphs, read_plans
+    from pipeline.neural_graph.symmetry import random_rescaling
+
+    arch, plans = read_plans(con, ids)
+    return [random_rescaling(g, np.random.default_rng([seed, 7919, k]), max_scale, steps=plans[arch[m]].steps)
+            for k, (m, g) in enumerate(zip(ids, read_graphs(con, list(ids), plans=plans)))]
+
+
+def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, scale: TargetScale,
+                   cfg: TrainConfig, device, max_scale: float, baselines=(),
+                   trust: TrustProfile | None = None) -> dict[str, dict]:
+    """Test metrics of the metanetwork (and of the fitted ``baselines`` that read in-memory graphs)
+    on rescaled copies U[1, max_scale] of the test models: ``{"ngnn@xMAX": ..., "statnn@xMAX": ...}``."""
+    test_idx = np.nonzero(sel.mask("test"))[0]
+    ids = [sel.model_ids[i] for i in test_idx]
+    graphs = rescaled_test_graphs(con, ids, max_scale, cfg.seed)
+    y = sel.targets[test_idx]
+    tag = f"@x{max_scale:g}"
+    inputs = graphs
+    prepare = preparation(cfg.canonical, cfg.bn_stats)      # the same preparation the run trained on
+    if prepare is not None:
+        from pipeline.graph_codec import read_plans
+
+        arch, plans = read_plans(con, ids)
+        inputs = [prepare(g, plans[arch[m]].steps) for m, g in zip(ids, graphs)]
+    listed = GraphList(inputs, sel, stats, raw=bool(cfg.probes))
+    task = task_named(sel.task)
+    out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, task)
+    metrics = {cfg.model + tag: task.metrics(y, task.decode(out, scale))}
+    if trust is not None:       # how many copies `jobs predict` would flag (the clean test models: beside)
+        flagged = int((~trust.in_distribution(scale_profiles(graphs))).sum())
+        clean = int((~trust.in_distribution(profiles_of(con, ids))).sum())
+        metrics[cfg.model + tag]["note"] = (f"out of distribution: {flagged} of {len(ids)} rescaled copies, "
+                                            f"{clean} of {len(ids)} clean test models")
+    for base in baselines:
+        if hasattr(base, "features_of_graphs"):       # predictors that can read in-memory graphs (StatNN)
+            metrics[base.name + tag] = task.metrics(y, base.predict_features(base.features_of_graphs(con, ids, graphs)))
+    return metrics
