@@ -67,10 +67,18 @@ def test_sql_memory_limit_refuses_a_hungry_query(small_catalog):
 
 
 def _interrupt(cmd: list[str], wait: float) -> subprocess.CompletedProcess:
+    """Run ``cmd``, and once its query runs (its worker process exists) and ``wait`` seconds have
+    passed, press Ctrl-C. Waiting for the worker, not a fixed time: on a loaded machine the command
+    can still be importing its modules after several seconds, and Ctrl-C there is Python's, not ours."""
+    import psutil
+
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(wait)
+    started = time.monotonic()
+    while not psutil.Process(proc.pid).children() and proc.poll() is None and time.monotonic() - started < 120:
+        time.sleep(0.1)
+    time.sleep(max(1.0, wait - (time.monotonic() - started)))
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
