@@ -220,8 +220,11 @@ def test_ctrl_c_stops_a_query_with_one_line_and_exit_130(tmp_path, command):
     proc = subprocess.Popen([sys.executable, "-m", *command[:2], "--catalog", str(cat), "--timeout", "0", command[2]],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT), "NEO4J_URI": ""}, start_new_session=True)
-    time.sleep(3)
-    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    started, children = time.monotonic(), []
+    while not children and proc.poll() is None and time.monotonic() - started < 120:   # the query runs
+        time.sleep(0.1)            # (on a loaded machine the command may still be importing after seconds)
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    time.sleep(1)
     os.killpg(proc.pid, signal.SIGINT)                     # what the terminal does: the whole group
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, (out, err)
