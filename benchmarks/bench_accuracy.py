@@ -126,12 +126,10 @@ def curve_table(curves: list[tuple[str, int, list[dict]]]) -> list[str]:
         methods = [m for m in dict.fromkeys(m for _, pf in rows for f in pf for m in f)
                    if all(len(f.get(m, ())) >= 2 for _, pf in rows for f in pf)]
         lines.append(f"  {kind}: " + "  ".join(f"{s:>14d}" for s, _ in rows))
+        taus = [{x: np.mean([kendall_tau(*_arrays(f[x])) for f in pf]) for x in methods} for _, pf in rows]
+        best = [max((x for x in STATNNS if x in tau), key=tau.get) for tau in taus]
         for m in methods:
-            cells = []
-            for _, pf in rows:
-                tau = {x: np.mean([kendall_tau(*_arrays(f[x])) for f in pf]) for x in methods}
-                best = max((x for x in STATNNS if x in tau), key=tau.get)
-                cells.append(f"{tau[m]:.3f} ({tau[m] - tau[best]:+.3f})")
+            cells = [f"{tau[m]:.3f} ({tau[m] - tau[b]:+.3f})" for tau, b in zip(taus, best)]
             lines.append(f"    {m:24s} " + "  ".join(f"{c:>14s}" for c in cells))
     return lines
 

@@ -81,8 +81,4 @@ def click_options(*classes: type, exclude: tuple[str, ...] = ()) -> Callable:
 def from_options(cls: type, options: dict[str, Any], **overrides) -> Any:
     """An instance of ``cls`` from a command's keyword arguments (those that are its fields)."""
     names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in options.items() if k in names}
-    for k, v in values.items():
-        if isinstance(v, list):
-            values[k] = tuple(v)
-    return cls(**{**values, **overrides})
+    return cls(**{**{k: v for k, v in options.items() if k in names}, **overrides})

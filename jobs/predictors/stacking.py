@@ -63,7 +63,9 @@ class Stack:
 
     def predict(self, con, model_ids, metanet: np.ndarray) -> dict[str, np.ndarray]:
         """The blend and each partner's predictions for ``model_ids``, given the metanetwork's."""
-        parts = {p.name: p.predict(con, model_ids)[0] for p in self.predictors}
+        from jobs.predictors.tabular import predict_all
+
+        parts = dict(zip(self.partners, predict_all(con, self.predictors, model_ids)))
         return {self.name: self.apply(metanet, list(parts.values())), **parts}
 
     def files(self) -> dict[str, bytes]:
@@ -88,10 +90,10 @@ def stack_with_statistics(task: Task, sel, name: str, metanet: np.ndarray, fitte
     partners = [n for n, (_, r) in fitted.items() if entry(n).stack and r.applicable.all()]
     if not task.numeric or val.sum() < 2 or not partners:
         return None
-    statistics = np.mean([fitted[n][1].predictions for n in partners], axis=0)
-    weight = choose_weight(task, sel.targets[val], metanet[val], statistics[val])
+    parts = [fitted[n][1].predictions for n in partners]
+    weight = choose_weight(task, sel.targets[val], metanet[val], np.mean(parts, axis=0)[val])
     stack = Stack(name, partners, weight, [fitted[n][0] for n in partners])
-    stack.predictions = stack.apply(metanet, [fitted[n][1].predictions for n in partners])
+    stack.predictions = stack.apply(metanet, parts)
     return stack
 
 

@@ -188,17 +188,30 @@ class FlatMLP(TabularPredictor):
 def fit_all(con, sel: Selection, names: Sequence[str], seed: int = 0) -> dict[str, tuple[TabularPredictor, Prediction]]:
     """These tabular predictors (jobs.predictors names) fitted on one selection; predictors that
     read the same features with the same settings (StatNN's two learners) read them once."""
-    import json
-
     from jobs.predictors import tabular_predictor
 
     read: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     out = {}
     for name in names:
         p = tabular_predictor(name, seed)
-        settings = p.settings = p.settle(con, sel)
-        key = (type(p).features, json.dumps(settings, sort_keys=True))
-        if key not in read:
-            read[key] = p.features(con, sel.model_ids)
-        out[name] = (p, p.fit(con, sel, read[key], settings))
+        p.settings = p.settle(con, sel)
+        out[name] = (p, p.fit(con, sel, _read_once(read, p, con, sel.model_ids), p.settings))
     return out
+
+
+def predict_all(con, predictors: Sequence[TabularPredictor], model_ids: Sequence[str]) -> list[np.ndarray]:
+    """Each fitted predictor's predictions for ``model_ids`` (NaN where it does not apply); those
+    that read the same features with the same settings read them once."""
+    read: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    return [p.predict_features(*_read_once(read, p, con, model_ids)) for p in predictors]
+
+
+def _read_once(read: dict, p: TabularPredictor, con, model_ids) -> tuple[np.ndarray, np.ndarray]:
+    """``p``'s features of ``model_ids``, from ``read`` when a predictor of the same features and
+    settings already read them (no predictor changes the arrays it is given)."""
+    import json
+
+    key = (type(p).features, json.dumps(p.settings, sort_keys=True))
+    if key not in read:
+        read[key] = p.features(con, model_ids)
+    return read[key]

@@ -193,11 +193,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         return RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
                          history=history)
     fitted = fit_all(con, sel, predictor_names("tabular"), cfg.seed) if cfg.baselines else {}
-    for name, (_, base) in fitted.items():
-        results[name] = base.predictions
-        mask = test & base.applicable
-        metrics[name] = {**task.metrics(sel.targets[mask], base.predictions[mask]),
-                         **({"note": base.note} if base.note else {})}
+    _score_tabular(task, sel, fitted, results, metrics)
     stack = stack_with_statistics(task, sel, cfg.model, pred, fitted) if cfg.stack else None
     answer = cfg.model
     if stack is not None:
@@ -213,11 +209,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
                        artifact=artifact, history=history)
     write_run(catalog, run_id, {**asdict(cfg), "world_size": ctx.world}, sel, results, emb, metrics, artifact,
               method=answer)
-    if store is not None:
-        try:
-            write_back(catalog, store, sel, results[answer], run_id)
-        except Exception as exc:
-            report.store_warning = str(exc).splitlines()[0]
+    _write_back(report, catalog, store, sel, results[answer])
     barrier(ctx)
     return report
 
@@ -236,10 +228,8 @@ def train_tabular(catalog: Catalog, cfg: TrainConfig, store=None) -> RunReport:
     predictor, answer = fitted[cfg.model]
     if not answer.applicable.any():
         raise JobError(f"{cfg.model} cannot be fitted on this selection: {answer.note}")
-    test = sel.mask("test")
-    results = {name: r.predictions for name, (_, r) in fitted.items()}
-    metrics = {name: {**task.metrics(sel.targets[test & r.applicable], r.predictions[test & r.applicable]),
-                      **({"note": r.note} if r.note else {})} for name, (_, r) in fitted.items()}
+    results, metrics = {}, {}
+    _score_tabular(task, sel, fitted, results, metrics)
     run_id = f"run-{now_utc():%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     catalog.commit_artifacts(run_id, predictor_files("predictor", predictor))
     artifact = catalog.location("artifacts", run_id)
@@ -247,9 +237,26 @@ def train_tabular(catalog: Catalog, cfg: TrainConfig, store=None) -> RunReport:
                        artifact=artifact)
     write_run(catalog, run_id, asdict(cfg), sel, results, np.zeros((len(sel.model_ids), 0), np.float32), metrics,
               artifact, method=cfg.model)
-    if store is not None:
-        try:
-            write_back(catalog, store, sel, answer.predictions, run_id)
-        except Exception as exc:
-            report.store_warning = str(exc).splitlines()[0]
+    _write_back(report, catalog, store, sel, answer.predictions)
     return report
+
+
+def _score_tabular(task: Task, sel: Selection, fitted: dict, results: dict, metrics: dict) -> None:
+    """Each fitted tabular predictor's predictions into ``results`` and its test metrics (on the
+    test models it reads) into ``metrics``."""
+    test = sel.mask("test")
+    for name, (_, r) in fitted.items():
+        results[name] = r.predictions
+        mask = test & r.applicable
+        metrics[name] = {**task.metrics(sel.targets[mask], r.predictions[mask]), **({"note": r.note} if r.note else {})}
+
+
+def _write_back(report: RunReport, catalog: Catalog, store, sel: Selection, answer: np.ndarray) -> None:
+    """The run's answer into the graph store, if one is open; a failure leaves the run in Parquet
+    and a warning on the report (`graphstore sync` catches the store up)."""
+    if store is None:
+        return
+    try:
+        write_back(catalog, store, sel, answer, report.run_id)
+    except Exception as exc:
+        report.store_warning = str(exc).splitlines()[0]
