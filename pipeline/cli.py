@@ -6,6 +6,7 @@ import sys
 import click
 
 from graphstore.options import optional_store, store_options
+from pipeline.formats import FORMATS as ZOO_FORMATS
 from zoocore.cli import FORMATS, catalog_option, echo_err, format_rows, timeout_option, translate_errors
 
 
@@ -68,23 +69,42 @@ def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas, settings):
 @click.option("--on-bad-value", type=click.Choice(["null", "refuse"]), default="null", show_default=True,
               help="A metrics.csv or sidecar value that does not fit its column's type (a word in a column of "
                    "numbers): record it as null with a warning, or refuse the zoo before anything is written.")
+@click.option("--format", "fmt", type=click.Choice(list(ZOO_FORMATS)), default=None,
+              help="The zoo's format (default: detected from the folder's files, and named in the report).")
+@click.option("--steps", type=click.Choice(["final", "all"]), default=None,
+              help="Small CNN Zoo: ingest each training run's final checkpoint (step = config.epochs; the "
+                   "default) or every checkpoint, each its own model with modeldir and step columns.")
+@click.option("--padding", type=click.Choice(["valid", "same"]), default=None,
+              help="Small CNN Zoo: the convolutions' TensorFlow padding (default valid, as the published zoo "
+                   "was trained; same for zoos of that layout trained with 'SAME').")
+@click.option("--input-side", type=click.IntRange(min=1), default=None,
+              help="Small CNN Zoo: the input images' side when config.dataset is not mnist, fashion_mnist, "
+                   "cifar10 or svhn_cropped.")
 @store_options
 @translate_errors
-def ingest(zoo_dir, catalog, workers, zoo_name, shard, no_graph, on_bad_value, neo4j_uri, neo4j_user,
-           neo4j_password):
-    """Convert every checkpoint under ZOO_DIR into its neural graph and append it to the catalog.
+def ingest(zoo_dir, catalog, workers, zoo_name, shard, no_graph, on_bad_value, fmt, steps, padding, input_side,
+           neo4j_uri, neo4j_user, neo4j_password):
+    """Convert every model of the zoo in ZOO_DIR into its neural graph and append it to the catalog.
 
-    Checkpoints are .pt2 (torch.export) or .pt/.safetensors state dicts with a JSON sidecar
-    holding the architecture spec; metrics.csv and sidecars give the model attributes, one type
-    per column for the whole catalog (a column of numbers stays numbers). Models already in the
-    catalog are skipped (content hash), and any of this zoo's models missing from the graph store
-    are written to it (a re-run repairs a lost graph write). Failures are listed and recorded in
-    ingest_errors. Exit code 1 when any checkpoint failed or the graph store could not be brought
-    up to date (then run `graphstore sync`).
+    \b
+    Zoo formats (detected from the files; --format overrides):
+      checkpoints    .pt2 (torch.export) archives, or .pt/.safetensors state dicts with a JSON
+                     sidecar holding the architecture spec, plus metrics.csv and sidecars
+      small-cnn-zoo  the Small CNN Zoo: weights.npy, layout.csv, metrics.csv.gz (config.* fields
+                     become columns config_activation, ...; weights.npy is memory-mapped)
+      hf-folders     Hugging Face model folders (config.json + model.safetensors, sharded or
+                     not) plus metrics.csv keyed by folder name; needs the hf extra
+
+    Model attributes get one type per column for the whole catalog (a column of numbers stays
+    numbers). Models already in the catalog are skipped (content hash), and any of this zoo's
+    models missing from the graph store are written to it (a re-run repairs a lost graph write).
+    Failures are listed and recorded in ingest_errors. Exit code 1 when any model failed or the
+    graph store could not be brought up to date (then run `graphstore sync`).
     """
     from zoocore.config import catalog_dir
     from pipeline.ingest import check_zoo, ingest_zoo
 
+    options = {"steps": steps, "padding": padding, "input_side": input_side}
     try:
         i, n = (int(x) for x in shard.split("/"))
         assert 0 <= i < n
@@ -92,10 +112,10 @@ def ingest(zoo_dir, catalog, workers, zoo_name, shard, no_graph, on_bad_value, n
         raise click.BadParameter(f"{shard!r} is not I/N with 0 <= I < N", param_hint="--shard")
     # a zoo refused (empty, unreadable metrics, a bad value under --on-bad-value refuse) is refused
     # before the catalog or its graph store is touched: no empty store is left behind
-    check_zoo(zoo_dir, catalog_dir(catalog), (i, n), on_bad_value)
+    check_zoo(zoo_dir, catalog_dir(catalog), (i, n), on_bad_value, fmt, options)
     with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=not no_graph) as (store, warning):
         report = ingest_zoo(zoo_dir, catalog_dir(catalog), workers=workers, zoo_name=zoo_name, store=store,
-                            shard=(i, n), on_bad_value=on_bad_value)
+                            shard=(i, n), on_bad_value=on_bad_value, fmt=fmt, options=options)
     report.store_warning = report.store_warning or warning
     click.echo(report.summary())
     if not report.ok or report.graph_behind:

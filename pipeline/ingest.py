@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,14 +31,15 @@ from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
 from graphstore.column_types import established_types
 from graphstore.schema import ARCHITECTURES, INGEST_ERRORS, LAYERS, MODEL_CORE
-from pipeline import checkpoints
 from pipeline.graph_codec import graph_tables
 from pipeline.neural_graph.concat import in_size
-from pipeline.neural_graph.convert import PlanCache, convert_checkpoint
+from pipeline.formats import Member, ZooFormat, open_zoo
+from pipeline.formats.checkpoint_folder import CheckpointFolder
+from pipeline.neural_graph.convert import PlanCache
 from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan
 from pipeline.workers import process_pool
-from pipeline.zoo_metadata import ZooMetadata, zoo_metadata
+from pipeline.zoo_metadata import ZooMetadata
 from zoocore.errors import ZooGraphError
 
 
@@ -67,6 +67,7 @@ class ErrorRecord:
 class IngestReport:
     zoo: str
     catalog: Path
+    fmt: str = "checkpoints"
     seen: int = 0
     added: int = 0
     duplicates: int = 0
@@ -89,7 +90,7 @@ class IngestReport:
 
     def summary(self) -> str:
         rate = self.seen / self.seconds if self.seconds else 0.0
-        lines = [f"ingested zoo {self.zoo!r} into {self.catalog}: {self.added} new models, "
+        lines = [f"ingested zoo {self.zoo!r} ({self.fmt}) into {self.catalog}: {self.added} new models, "
                  f"{self.duplicates} already in the catalog, {len(self.errors)} failed "
                  f"({self.seen} checkpoints, {rate:.1f} models/s)"]
         for w in self.warnings[:20]:
@@ -111,64 +112,47 @@ class IngestReport:
         return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- zoo files
-def list_checkpoints(zoo_dir: Path) -> list[Path]:
-    files = [p for p in zoo_dir.rglob("*") if p.is_file() and p.suffix in checkpoints.CHECKPOINT_SUFFIXES
-             and not p.name.startswith(".")]
-    return sorted(files)
-
-
-def zoo_checkpoints(zoo_dir: Path, files: list[Path] | None = None) -> list[Path]:
-    """The checkpoints to ingest (``files``, else every one under ``zoo_dir``); raises ZooGraphError
-    for a missing folder or a zoo without checkpoints."""
-    zoo_dir = Path(zoo_dir)
-    if not zoo_dir.is_dir():
-        raise ZooGraphError(f"zoo folder {zoo_dir} does not exist")
-    found = list_checkpoints(zoo_dir) if files is None else [Path(f) for f in files]
-    if not found:
-        raise ZooGraphError(f"no checkpoints in {zoo_dir} (looked for "
-                            f"{', '.join('*' + s for s in sorted(checkpoints.CHECKPOINT_SUFFIXES))} in it and its "
-                            "sub-folders); nothing was ingested")
-    return found
-
-
-def shard_of(path: Path, shards: int) -> int:
-    return int(hashlib.sha1(path.name.encode()).hexdigest(), 16) % shards
+# --------------------------------------------------------------------------- members
+def shard_of(path: str | Path, shards: int) -> int:
+    """The shard of a member, by the hash of its last path component (a checkpoint's file name)."""
+    return int(hashlib.sha1(Path(str(path)).name.encode()).hexdigest(), 16) % shards
 
 
 # --------------------------------------------------------------------------- conversion
-def content_id(plan: Plan, state: dict[str, torch.Tensor]) -> str:
-    """sha256 over the architecture signature and every state entry (name, dtype, shape, bytes)."""
+def content_id(plan: Plan, state: dict[str, torch.Tensor], identity: str = "") -> str:
+    """sha256 over the architecture signature and every state entry (name, dtype, shape, bytes),
+    and the member's ``identity`` where its format gives one (pipeline.formats.base.Member)."""
     h = hashlib.sha256(plan.signature.encode())
     for key in sorted(state):
         t = state[key].detach().cpu().contiguous()
         h.update(f"{key}|{t.dtype}|{tuple(t.shape)}".encode())
         h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
+    if identity:
+        h.update(b"|identity|" + identity.encode())
     return h.hexdigest()[:32]
 
 
 _CACHE: PlanCache | None = None
+_OPEN: dict[tuple, ZooFormat] = {}       # this process's open zoos (memory maps, parsed layouts)
 
 
-def convert_one(path: str, zoo_dir: str, metadata: dict[str, Any] | None) -> ModelRecord | ErrorRecord:
-    """Convert one checkpoint; never raises for a bad checkpoint (returns an ErrorRecord).
+def convert_one(fmt: ZooFormat, member: Member, metadata: dict[str, Any] | None) -> ModelRecord | ErrorRecord:
+    """Convert one member of a zoo; never raises for a bad member (returns an ErrorRecord).
     ``metadata``: its attributes, verbatim (pipeline.zoo_metadata)."""
     global _CACHE
     if _CACHE is None:
         _CACHE = PlanCache()
-    p = Path(path)
-    rel = os.path.relpath(p, zoo_dir)
+    fmt = _OPEN.setdefault(fmt.cache_key(), fmt)
     try:
-        side = checkpoints.read_sidecar(p)
-        conv = convert_checkpoint(p, side.get("architecture"), _CACHE)
+        conv = fmt.convert(member, metadata or {}, _CACHE)
         params = sum(int(conv.state[k].numel()) for op in conv.plan.ops
                      for k in (op.get("weight_key"), op.get("bias_key")) if k)
-        return ModelRecord(content_id(conv.plan, conv.state), rel, p.name, conv.plan, conv.spec, conv.graph,
-                           params, dict(metadata or {}))
+        return ModelRecord(content_id(conv.plan, conv.state, member.identity), member.key, member.checkpoint,
+                           conv.plan, conv.spec, conv.graph, params, dict(metadata or {}))
     except ZooGraphError as exc:
-        return ErrorRecord(rel, type(exc).__name__, str(exc))
+        return ErrorRecord(member.key, type(exc).__name__, str(exc))
     except Exception as exc:  # a checkpoint must never stop the zoo: record and go on
-        return ErrorRecord(rel, type(exc).__name__, (str(exc).splitlines() or [""])[0][:500])
+        return ErrorRecord(member.key, type(exc).__name__, (str(exc).splitlines() or [""])[0][:500])
 
 
 def _convert_star(args):
@@ -263,29 +247,38 @@ def _results(jobs: list[tuple], workers: int) -> Iterator[ModelRecord | ErrorRec
         yield from pool.map(_convert_star, jobs, chunksize=8)
 
 
-def _read_zoo(zoo_dir: Path, catalog: Catalog, shard: tuple[int, int], files, on_bad_value: str
-              ) -> tuple[list[Path], list[Path], ZooMetadata]:
-    """The zoo's checkpoints, this shard's, and their metadata typed against the catalog; raises
+def _read_zoo(zoo: ZooFormat, catalog: Catalog, shard: tuple[int, int], on_bad_value: str
+              ) -> tuple[list[Member], list[Member], ZooMetadata]:
+    """The zoo's members, this shard's, and their metadata typed against the catalog; raises
     ZooGraphError for everything a zoo is refused for before anything is written."""
-    all_files = zoo_checkpoints(zoo_dir, files)
-    files = [p for p in all_files if shard_of(p, shard[1]) == shard[0]]
-    meta = zoo_metadata(zoo_dir, files, established_types(catalog), on_bad_value,
-                        zoo_files=all_files if len(files) < len(all_files) else None)
-    return all_files, files, meta
+    every = zoo.members()
+    members = [m for m in every if shard_of(m.key, shard[1]) == shard[0]]
+    meta = zoo.metadata(members, every, established_types(catalog), on_bad_value)
+    return every, members, meta
+
+
+def _zoo(zoo_dir, fmt: str | None, files, options: dict[str, Any] | None) -> ZooFormat:
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    if files is not None:
+        return CheckpointFolder(zoo_dir, files=files, **given)
+    return open_zoo(zoo_dir, fmt, **given)
 
 
 def check_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog, shard: tuple[int, int] = (0, 1),
-              on_bad_value: str = "null") -> None:
+              on_bad_value: str = "null", fmt: str | None = None, options: dict[str, Any] | None = None) -> str:
     """Refuse (ZooGraphError) a zoo that ``ingest_zoo`` would refuse, touching nothing: the CLI
-    checks before it opens the graph store, so a refused zoo leaves no empty store behind."""
-    _read_zoo(Path(zoo_dir), catalog if isinstance(catalog, Catalog) else Catalog(catalog), shard, None,
-              on_bad_value)
+    checks before it opens the graph store, so a refused zoo leaves no empty store behind.
+    Returns the zoo's format name."""
+    zoo = _zoo(zoo_dir, fmt, None, options)
+    _read_zoo(zoo, catalog if isinstance(catalog, Catalog) else Catalog(catalog), shard, on_bad_value)
+    return zoo.name
 
 
 def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *, workers: int = 1,
                zoo_name: str | None = None, store=None, shard: tuple[int, int] = (0, 1),
                part_edges: int = 2_000_000, part_models: int = 512, progress: bool = True,
-               files: list[Path] | None = None, on_bad_value: str = "null") -> IngestReport:
+               files: list[Path] | None = None, on_bad_value: str = "null", fmt: str | None = None,
+               options: dict[str, Any] | None = None) -> IngestReport:
     """Ingest every checkpoint under ``zoo_dir`` into ``catalog``; see the module docstring.
 
     Args:
@@ -293,8 +286,10 @@ def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *
             it after every committed part, and at the end every model of this run that the store
             lacks is written from Parquet. A store failure does not stop the Parquet work; it is
             reported in ``report.store_warning`` (``report.graph_behind``).
-        shard: (i, n) ingests only the checkpoints whose file name hashes to shard i of n.
-        files: ingest these checkpoints of ``zoo_dir`` only (default: every checkpoint under it).
+        shard: (i, n) ingests only the members whose file name (or key) hashes to shard i of n.
+        files: ingest these checkpoints of ``zoo_dir`` only (default: every member of the zoo).
+        fmt: the zoo's format (pipeline.formats; default: detected from the folder's files).
+        options: the format's own options (e.g. ``{"steps": "all"}`` for the Small CNN Zoo).
         on_bad_value: ``"null"`` records a value that does not fit its column as null, with a
             warning; ``"refuse"`` raises ZooGraphError before anything is written.
 
@@ -303,19 +298,20 @@ def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *
     """
     zoo_dir = Path(zoo_dir)
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
-    all_files, files, meta = _read_zoo(zoo_dir, catalog, shard, files, on_bad_value)
+    source = _zoo(zoo_dir, fmt, files, options)
+    every, members, meta = _read_zoo(source, catalog, shard, on_bad_value)
     zoo = zoo_name or zoo_dir.resolve().name
-    report = IngestReport(zoo, catalog.root)
+    report = IngestReport(zoo, catalog.root, fmt=source.name)
     report.warnings.extend(meta.warnings)
-    if not files:
-        report.warnings.append(f"shard {shard[0]}/{shard[1]} holds none of the {len(all_files)} checkpoints")
+    if not members:
+        report.warnings.append(f"shard {shard[0]}/{shard[1]} holds none of the {len(every)} members")
     types = {name: d.type for name, d in meta.types.items()}
     catalog.clean_incomplete()
     started = time.perf_counter()
     con = duck.connect(catalog, ["models"])
     known = duck.model_ids(con)
     con.close()
-    jobs = [(str(p), str(zoo_dir), meta.raw.get(str(p))) for p in files]
+    jobs = [(source, m, meta.raw.get(m.key)) for m in members]
     pending: list[ModelRecord] = []
     pending_errors: list[ErrorRecord] = []
     pending_edges = 0
@@ -355,7 +351,7 @@ def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *
             report.duplicates += 1
             continue
         known.add(result.model_id)
-        result.columns = meta.columns.get(job[0], {})
+        result.columns = meta.columns.get(job[1].key, {})
         pending.append(result)
         report.added += 1
         pending_edges += result.graph.num_edges

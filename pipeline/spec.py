@@ -21,6 +21,8 @@ Layer types and their keys (defaults in brackets):
     layernorm: eps [1e-5]                        (over the last dimension)
     activation: fn in relu, gelu, silu, tanh, sigmoid, leaky_relu, relu6, hardswish, hardsigmoid, sin, elu, identity
     maxpool / avgpool: kernel_size, stride [kernel_size]
+    zeropad: padding (one int, or [left, right, top, bottom]: TensorFlow's 'SAME' padding of a
+             strided convolution is asymmetric, the extra row and column after)
     adaptive_avgpool: output_size
     flatten; dropout: p [0.0]
     embedding: num_embeddings, embedding_dim     (first layer only, input_dtype "int64")
@@ -109,6 +111,18 @@ def _make(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
         cls = {("maxpool", True): nn.MaxPool2d, ("maxpool", False): nn.MaxPool1d,
                ("avgpool", True): nn.AvgPool2d, ("avgpool", False): nn.AvgPool1d}[(kind, dim2)]
         return cls(k, stride=layer.get("stride", k))
+    if kind == "zeropad":
+        pad = _get(layer, "padding", where)
+        if isinstance(pad, list):
+            pad = tuple(pad)
+        if not (isinstance(pad, int) or (isinstance(pad, tuple) and len(pad) == 4
+                                         and all(isinstance(p, int) for p in pad))) or min(
+                (pad,) if isinstance(pad, int) else pad) < 0:
+            raise SpecError(f"{where}: zeropad 'padding' is one int or [left, right, top, bottom], "
+                            f"non-negative; got {layer['padding']!r}")
+        if x.dim() != 4:
+            raise SpecError(f"{where}: zeropad needs a (C, H, W) input, got shape {list(x.shape[1:])}")
+        return nn.ZeroPad2d(pad)
     if kind == "adaptive_avgpool":
         cls = nn.AdaptiveAvgPool2d if x.dim() == 4 else nn.AdaptiveAvgPool1d
         return cls(_get(layer, "output_size", where))

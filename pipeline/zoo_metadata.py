@@ -220,6 +220,14 @@ def zoo_metadata(zoo_dir: Path, files: list[Path], established: dict, on_bad_val
             given = ", ".join(f"{k!r} ({src})" for k, src in sorted(keys.items()))
             warnings.append(f"column {name!r} is given as {given}; one column, metrics.csv wins where both are set")
 
+    return typed_rows(merged, wanted, spellings, established, on_bad_value, warnings)
+
+
+def typed_rows(merged: dict[str, Row], wanted: set[str], spellings: dict[str, Any], established: dict,
+               on_bad_value: str, warnings: list[str]) -> ZooMetadata:
+    """Give every value of ``merged`` (rows by member key, values by column name) its column's
+    catalog-wide type; the members outside ``wanted`` (other shards) only help decide new columns'
+    types. Raises ZooGraphError, with ``on_bad_value="refuse"``, for a value that does not fit."""
     types = decide_types({name: [r.values.get(name) for r in merged.values()] for name in spellings}, established)
     columns: dict[str, dict[str, Any]] = {}
     bad: list[str] = []
@@ -244,3 +252,26 @@ def zoo_metadata(zoo_dir: Path, files: list[Path], established: dict, on_bad_val
                             f"use --on-bad-value null to record them as null):\n  {listed}")
     warnings.extend(f"{b}; recorded as null" for b in bad)
     return ZooMetadata({p: r.raw for p, r in merged.items() if p in wanted}, columns, types, warnings)
+
+
+def table_rows(records: dict[str, dict[str, Any]], where: str, wanted: set[str], established: dict,
+               on_bad_value: str = "null") -> ZooMetadata:
+    """Typed metadata of members whose attributes one table gives (``records``: member key -> raw
+    values by original field name; ``where``: the file named in warnings)."""
+    if on_bad_value not in ON_BAD_VALUE:
+        raise ValueError(f"on_bad_value must be one of {ON_BAD_VALUE}")
+    warnings: list[str] = []
+    names = {k: column_name(k) for rec in records.values() for k in rec}
+    seen: dict[str, str] = {}
+    for k, (name, note) in sorted(names.items()):
+        if note:
+            warnings.append(note)
+        if name in seen and seen[name] != k:
+            raise ZooGraphError(f"{where}: fields {seen[name]!r} and {k!r} both become column {name!r} "
+                                "(nothing was written)")
+        seen[name] = k
+    merged = {}
+    for key, rec in records.items():
+        values = {names[k][0]: v for k, v in rec.items() if not isinstance(v, (dict, list))}
+        merged[key] = Row(values, {n: where for n in values}, where, dict(rec))
+    return typed_rows(merged, wanted, seen, established, on_bad_value, warnings)

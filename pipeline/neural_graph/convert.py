@@ -61,6 +61,15 @@ class PlanCache:
             self._plans[key] = plan
         return self._plans[key]
 
+    def traced(self, key: str, make) -> Plan:
+        """The plan cached under a format's own architecture key (a Hugging Face config's hash),
+        traced by ``make()`` the first time."""
+        key = "traced:" + key
+        if key not in self._plans:
+            self._plans[key] = make()
+            self.exported += 1
+        return self._plans[key]
+
 
 def convert_state_dict(state: dict[str, torch.Tensor], spec: dict, cache: PlanCache | None = None,
                        source: str = "state dict") -> Converted:

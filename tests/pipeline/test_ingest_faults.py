@@ -108,7 +108,8 @@ def test_one_bad_value_becomes_null_and_the_column_stays_numeric(tmp_path, mlp_z
 
 
 def test_an_empty_column_does_not_fix_a_type_and_shards_decide_alike(tmp_path, mlp_zoo):
-    from pipeline.ingest import list_checkpoints, shard_of
+    from pipeline.formats.checkpoint_folder import list_checkpoints
+    from pipeline.ingest import shard_of
     from pipeline.zoo_metadata import zoo_metadata
 
     rows = _plain_rows(mlp_zoo)
@@ -271,7 +272,7 @@ def test_an_empty_zoo_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "README.txt").write_text("nothing here")
     res = _ingest(tmp_path / "empty", tmp_path / "cat")
-    assert res.exit_code == 1 and "no checkpoints in" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 1 and "holds no zoo this program can read: no checkpoints" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "cat").exists()
 
 

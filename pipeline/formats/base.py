@@ -1,0 +1,77 @@
+"""What every zoo format gives ``pipeline ingest``: the zoo's members, their attributes, and each
+member converted to its neural graph.
+
+A format object is made in the main process from the zoo folder and the user's options, and is
+sent to the conversion workers: it holds names and paths only (open files and memory maps are
+made lazily in each process and never pickled).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:       # the registry is read by the CLI, which must not import torch to list formats
+    from pipeline.neural_graph.convert import Converted, PlanCache
+    from pipeline.zoo_metadata import ZooMetadata
+
+
+@dataclass(frozen=True)
+class Member:
+    """One model of a zoo.
+
+    key: the model's ``source_path``, unique in the zoo (a path relative to the zoo folder, or a
+        row of a matrix: ``weights.npy#17``);
+    checkpoint: the ``checkpoint`` column (a file name, ``step 86``);
+    identity: mixed into the model id besides architecture and weights, for formats whose
+        distinct checkpoints can hold equal weights (two training runs from one initialisation).
+    """
+    key: str
+    checkpoint: str
+    identity: str = ""
+
+
+class ZooFormat:
+    """A zoo format: subclasses set ``name``/``summary`` and implement the four methods."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]          # one line for --help and the ingest report
+    options: ClassVar[dict[str, str]] = {}      # option name -> help, for formats that take any
+
+    def __init__(self, zoo_dir: str | Path, **options: Any):
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            from zoocore.errors import ZooGraphError
+
+            flag = "--" + unknown[0].replace("_", "-")
+            takes = ", ".join("--" + o.replace("_", "-") for o in sorted(self.options))
+            raise ZooGraphError(f"{flag} does not apply to a zoo of format {self.name!r}"
+                                + (f" (it takes {takes})" if takes else " (it takes no format options)"))
+        self.zoo_dir = Path(zoo_dir)
+        self.settings = options
+
+    def cache_key(self) -> tuple:
+        """Equal for equal formats: a worker keeps one open object per key (its memory maps,
+        parsed layouts) across the members it converts."""
+        return (type(self).__name__, str(self.zoo_dir.resolve()), tuple(sorted(self.settings.items())))
+
+    @classmethod
+    def detect(cls, zoo_dir: Path) -> bool:
+        """Whether ``zoo_dir`` looks like a zoo of this format (cheap: file names only)."""
+        raise NotImplementedError
+
+    def members(self) -> list[Member]:
+        """Every model of the zoo, in a stable order; raises ZooGraphError for a zoo that is
+        refused as a whole, before anything is written."""
+        raise NotImplementedError
+
+    def metadata(self, members: list[Member], all_members: list[Member], established: dict,
+                 on_bad_value: str) -> "ZooMetadata":
+        """Attributes of ``members`` keyed by ``Member.key``, typed against the catalog
+        (``all_members``: the whole zoo, which decides new columns' types alike in every shard)."""
+        raise NotImplementedError
+
+    def convert(self, member: Member, metadata: dict[str, Any], cache: "PlanCache") -> "Converted":
+        """One member's neural graph (in a worker; ``metadata``: its raw attributes); raises for a
+        member that cannot be read."""
+        raise NotImplementedError

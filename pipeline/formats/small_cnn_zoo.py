@@ -1,0 +1,316 @@
+"""The Small CNN Zoo (Unterthiner et al. 2020, "Predicting Neural Network Accuracy from Weights").
+
+A zoo folder (one per data set) holds:
+
+- ``weights.npy``: a float32 matrix, one row of flattened TensorFlow parameters per checkpoint
+  (conv kernels HWIO, the dense kernel (in, out)); read through a memory map, a row at a time, so
+  the 5.4 GB matrices of the published zoo are never held;
+- ``layout.csv``: which columns of a row hold which variable (``varname``, ``start_idx``,
+  ``end_idx``, ``shape``);
+- ``metrics.csv.gz``: one row per checkpoint, in the rows' order (``config.*`` hyperparameters,
+  ``modeldir``, ``step``, ``test_accuracy``, ``train_accuracy``, losses); the ``config.*`` fields
+  become model columns ``config_activation``, ``config_learning_rate``, ...
+
+The network: 1-channel input (28x28 for mnist and fashion_mnist, 32x32 for cifar10 and
+svhn_cropped), 3x3 convolutions with stride 2 and Keras' default 'valid' padding (the published
+training code, ``dnn_predict_accuracy/train_network.py``, passes none: 28 -> 13 -> 6 -> 2), the activation of ``config.activation`` after each, global average pooling, a dense
+layer. Every training run (``modeldir``) is checkpointed at several steps; by default its final
+checkpoint (``step`` equal to ``config.epochs``) is ingested, ``steps="all"`` ingests every
+checkpoint as its own model. ``padding="same"`` reads zoos of the same layout trained with
+TensorFlow's 'SAME' padding (for stride 2 on an even side the extra row and column go after, not
+before: an explicit ``zeropad`` layer in the spec). Two runs can start from one initialisation, so a checkpoint's model
+id covers its run and step besides its weights.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.formats.base import Member, ZooFormat
+from pipeline.neural_graph.convert import Converted, PlanCache, convert_state_dict
+from pipeline.zoo_metadata import ZooMetadata, parse_cell, table_rows
+from zoocore.errors import CheckpointError, ZooGraphError
+
+FILES = ("weights.npy", "layout.csv", "metrics.csv.gz")
+SIDES = {"mnist": 28, "fashion_mnist": 28, "cifar10": 32, "svhn_cropped": 32, "svhn": 32}
+ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "elu": "elu", "linear": "identity",
+               "identity": "identity", "gelu": "gelu", "swish": "silu", "silu": "silu", "relu6": "relu6"}
+STEPS = ("final", "all")
+PADDINGS = ("valid", "same")
+
+
+# --------------------------------------------------------------------------- layout.csv
+def _column(header: list[str], name: str, where: str) -> int:
+    low = [h.strip().lower() for h in header]
+    if name not in low:
+        raise ZooGraphError(f"{where}: no {name!r} column (it has {', '.join(h for h in header if h) or 'none'}); "
+                            "nothing was written")
+    return low.index(name)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in re.findall(r"\d+", text))
+
+
+def read_layout(path: Path) -> list[tuple[str, int, int, tuple[int, ...]]]:
+    """(variable, start, end (exclusive), shape) in column order; ZooGraphError for a layout this
+    importer cannot read."""
+    try:
+        rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8-sig"))))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ZooGraphError(f"{path}: not a readable CSV file ({exc}); nothing was written") from None
+    if not rows:
+        raise ZooGraphError(f"{path} is empty; nothing was written")
+    header, body = rows[0], [r for r in rows[1:] if any(c.strip() for c in r)]
+    cols = [_column(header, n, str(path)) for n in ("varname", "start_idx", "end_idx", "shape")]
+    out = []
+    try:
+        for r in body:
+            out.append((r[cols[0]].strip(), int(float(r[cols[1]])), int(float(r[cols[2]])), _shape(r[cols[3]])))
+    except (IndexError, ValueError):
+        raise ZooGraphError(f"{path}: row {len(out) + 2} is not varname, start_idx, end_idx, shape; "
+                            "nothing was written") from None
+    out.sort(key=lambda v: v[1])
+    sizes = [math.prod(s) for *_, s in out]
+    if all(e - s == n for (_, s, e, _), n in zip(out, sizes)):
+        pass
+    elif all(e - s + 1 == n for (_, s, e, _), n in zip(out, sizes)):
+        out = [(v, s, e + 1, sh) for v, s, e, sh in out]
+    else:
+        raise ZooGraphError(f"{path}: start_idx/end_idx do not agree with the shapes; nothing was written")
+    if any(out[i][2] != out[i + 1][1] for i in range(len(out) - 1)) or (out and out[0][1] != 0):
+        raise ZooGraphError(f"{path}: the variables do not tile the columns of weights.npy; nothing was written")
+    return out
+
+
+def _stem(varname: str) -> str:
+    """``sequential/conv2d_1/kernel:0`` -> ``sequential/conv2d_1``: the layer a variable belongs to."""
+    name = varname.split(":", 1)[0]
+    return name.rsplit("/", 1)[0] if "/" in name else re.sub(r"[._]?(kernel|bias|weight)$", "", name)
+
+
+def layers_of(layout: list[tuple[str, int, int, tuple[int, ...]]], where: str) -> list[dict[str, Any]]:
+    """The layers in network order (their variables' order in the row; TensorFlow writes a
+    layer's bias before its kernel): {"kind": "conv"|"dense", "kernel": (start, end, shape),
+    "bias": (start, end, shape) | None}."""
+    groups: dict[str, dict[str, Any]] = {}
+    for var, s, e, shape in layout:
+        g = groups.setdefault(_stem(var), {"start": s, "kernel": None, "bias": None, "name": _stem(var)})
+        slot = "kernel" if len(shape) in (2, 4) else "bias" if len(shape) == 1 else None
+        if slot is None:
+            raise ZooGraphError(f"{where}: variable {var!r} of shape {list(shape)} is not a conv kernel, a dense "
+                                "kernel or a bias; nothing was written")
+        if g[slot] is not None:
+            raise ZooGraphError(f"{where}: layer {g['name']!r} has two {slot}s; nothing was written")
+        g[slot] = (s, e, shape)
+    layers = sorted(groups.values(), key=lambda g: g["start"])
+    for g in layers:
+        if g["kernel"] is None:
+            raise ZooGraphError(f"{where}: layer {g['name']!r} has a bias but no kernel; nothing was written")
+        g["kind"] = "conv" if len(g["kernel"][2]) == 4 else "dense"
+        if g["bias"] is not None and g["bias"][2][0] != g["kernel"][2][-1]:
+            raise ZooGraphError(f"{where}: layer {g['name']!r} has a bias of {g['bias'][2][0]} for "
+                                f"{g['kernel'][2][-1]} outputs; nothing was written")
+    kinds = [g["kind"] for g in layers]
+    if not kinds or kinds[-1] != "dense" or kinds.count("dense") != 1 or "conv" not in kinds:
+        raise ZooGraphError(f"{where}: expected convolutions followed by one dense layer, found "
+                            f"{' -> '.join(kinds) or 'no layers'}; nothing was written")
+    return layers
+
+
+# --------------------------------------------------------------------------- the network
+def same_padding(side: int, kernel: int, stride: int) -> tuple[int, int]:
+    """TensorFlow 'SAME' padding of one axis: (before, after); the odd pixel goes after."""
+    out = -(-side // stride)
+    total = max((out - 1) * stride + kernel - side, 0)
+    return total // 2, total - total // 2
+
+
+def spec_for(layers: list[dict[str, Any]], side: int, activation: str, padding: str = "valid",
+             stride: int = 2) -> tuple[dict, list[str]]:
+    """The JSON spec of the network and, per layout layer, its state-dict prefix (``padding``:
+    TensorFlow's ``valid`` or ``same``)."""
+    out: list[dict[str, Any]] = []
+    prefixes = []
+    h = w = side
+    for layer in layers:
+        if layer["kind"] == "conv":
+            kh, kw, _, cout = layer["kernel"][2]
+            (pt, pb), (pl, pr) = ((same_padding(h, kh, stride), same_padding(w, kw, stride)) if padding == "same"
+                                  else ((0, 0), (0, 0)))
+            pad = 0
+            if (pt, pb, pl, pr) != (pt, pt, pt, pt):
+                out.append({"type": "zeropad", "padding": [pl, pr, pt, pb]})
+            else:
+                pad = pt
+            prefixes.append(f"layers.{len(out)}")
+            out.append({"type": "conv2d", "out_channels": int(cout), "kernel_size": [int(kh), int(kw)],
+                        "stride": stride, "padding": pad, "bias": layer["bias"] is not None})
+            if activation != "identity":
+                out.append({"type": "activation", "fn": activation})
+            h, w = (-(-h // stride), -(-w // stride)) if padding == "same" else ((h - kh) // stride + 1,
+                                                                                (w - kw) // stride + 1)
+        else:
+            out += [{"type": "adaptive_avgpool", "output_size": 1}, {"type": "flatten"}]
+            prefixes.append(f"layers.{len(out)}")
+            out.append({"type": "linear", "out_features": int(layer["kernel"][2][1]),
+                        "bias": layer["bias"] is not None})
+    return {"format": "zoograph.spec/1", "input_shape": [1, side, side], "layers": out}, prefixes
+
+
+def state_dict(row: np.ndarray, layers: list[dict[str, Any]], prefixes: list[str]) -> dict[str, torch.Tensor]:
+    """A row of weights.npy as the spec network's state dict (HWIO -> OIHW, (in, out) -> (out, in))."""
+    state = {}
+    for layer, prefix in zip(layers, prefixes):
+        s, e, shape = layer["kernel"]
+        k = np.asarray(row[s:e], dtype=np.float32).reshape(shape)
+        k = k.transpose(3, 2, 0, 1) if layer["kind"] == "conv" else k.T
+        state[f"{prefix}.weight"] = torch.from_numpy(np.ascontiguousarray(k))
+        if layer["bias"] is not None:
+            s, e, _ = layer["bias"]
+            state[f"{prefix}.bias"] = torch.from_numpy(np.array(row[s:e], dtype=np.float32))
+    return state
+
+
+# --------------------------------------------------------------------------- the format
+class SmallCNNZoo(ZooFormat):
+    name = "small-cnn-zoo"
+    summary = "Small CNN Zoo: weights.npy + layout.csv + metrics.csv.gz (Unterthiner et al. 2020)"
+    options = {"steps": "final (each run's step == config.epochs checkpoint) or all (every checkpoint)",
+               "input_side": "image side when config.dataset is not one of " + ", ".join(sorted(SIDES)),
+               "padding": "the convolutions' TensorFlow padding: valid (the published zoo's, Keras' default) "
+                          "or same"}
+
+    def __init__(self, zoo_dir, steps: str = "final", input_side: int | None = None, padding: str = "valid"):
+        super().__init__(zoo_dir, steps=steps, input_side=input_side, padding=padding)
+        if steps not in STEPS:
+            raise ZooGraphError(f"--steps must be one of {', '.join(STEPS)}, not {steps!r}")
+        if padding not in PADDINGS:
+            raise ZooGraphError(f"--padding must be one of {', '.join(PADDINGS)}, not {padding!r}")
+        self.steps, self.input_side, self.padding = steps, input_side, padding
+        self._rows: dict[str, dict[str, Any]] = {}      # member key -> raw metrics row (main process only)
+        self._weights = None                            # the memory map, opened once per process
+        self._layers: list[dict[str, Any]] | None = None
+        self._specs: dict[tuple[int, str], tuple[dict, list[str]]] = {}
+
+    def __getstate__(self):      # workers get names and options; they open the matrix themselves
+        return {**self.__dict__, "_weights": None, "_rows": {}, "_layers": None, "_specs": {}}
+
+    @classmethod
+    def detect(cls, zoo_dir: Path) -> bool:
+        return all((Path(zoo_dir) / f).is_file() for f in FILES)
+
+    # ------------------------------------------------------------------ main process
+    def weights(self) -> np.ndarray:
+        if self._weights is None:
+            path = self.zoo_dir / "weights.npy"
+            try:     # allow_pickle=False: an object array is refused, never unpickled
+                w = np.load(path, mmap_mode="r", allow_pickle=False)
+            except (ValueError, OSError) as exc:
+                raise ZooGraphError(f"{path}: not a readable .npy matrix ({str(exc).splitlines()[0]}); "
+                                    "nothing was written") from None
+            if w.ndim != 2 or w.dtype.kind != "f":
+                raise ZooGraphError(f"{path}: expected a 2-d float matrix, found {w.dtype} of shape {list(w.shape)}; "
+                                    "nothing was written")
+            self._weights = w
+        return self._weights
+
+    def layers(self) -> list[dict[str, Any]]:
+        if self._layers is None:
+            path = self.zoo_dir / "layout.csv"
+            layers = layers_of(read_layout(path), str(path))
+            width = max(l[k][1] for l in layers for k in ("kernel", "bias") if l[k])
+            cols = self.weights().shape[1]
+            if width != cols:
+                raise ZooGraphError(f"{path} describes {width} columns, weights.npy has {cols}; nothing was written")
+            self._layers = layers
+        return self._layers
+
+    def members(self) -> list[Member]:
+        self.layers()
+        path = self.zoo_dir / "metrics.csv.gz"
+        rows = self.weights().shape[0]
+        out: list[Member] = []
+        runs: set[str] = set()
+        final_runs: set[str] = set()
+        count = 0
+        try:
+            with gzip.open(path, "rt", encoding="utf-8-sig", newline="") as fh:
+                reader = csv.reader(fh)
+                names = [h.strip() for h in next(reader, None) or []]
+                step_i = _column(names, "step", str(path))
+                run_i = _column(names, "modeldir", str(path))
+                lower = [h.lower() for h in names]
+                epochs_i = lower.index("config.epochs") if "config.epochs" in lower else None
+                keep = [i for i, h in enumerate(names) if h and not h.lower().startswith("unnamed")]
+                for row in reader:
+                    if not row:
+                        continue
+                    n, count = count, count + 1
+                    if n >= rows:
+                        break
+                    run, step = row[run_i], parse_cell(row[step_i])
+                    runs.add(run)
+                    final = epochs_i is not None and step == parse_cell(row[epochs_i])
+                    if final:
+                        final_runs.add(run)
+                    elif self.steps == "final":
+                        continue
+                    key = f"weights.npy#{n}"
+                    values = {names[i]: parse_cell(row[i]) for i in keep if i < len(row)}
+                    self.side(values)              # an unknown data set refuses the zoo here, not per model
+                    self._rows[key] = values
+                    out.append(Member(key, f"step {step}", f"{run}@{step}"))
+        except (OSError, EOFError, UnicodeDecodeError, csv.Error, IndexError) as exc:
+            raise ZooGraphError(f"{path}: cannot read it ({str(exc).splitlines()[0]}); nothing was written") from None
+        if count != rows:
+            raise ZooGraphError(f"{path} has {'more' if count > rows else count} rows, weights.npy has {rows}: the "
+                                "two must list the same checkpoints in the same order; nothing was written")
+        self.unfinished = len(runs - final_runs) if self.steps == "final" else 0
+        if not out:
+            raise ZooGraphError(f"{path}: no checkpoint to ingest (no step equals config.epochs; try --steps all); "
+                                "nothing was written")
+        return out
+
+    def side(self, values: dict[str, Any]) -> int:
+        if self.input_side:
+            return int(self.input_side)
+        ds = str(values.get("config.dataset", "")).lower()
+        if ds not in SIDES:
+            raise ZooGraphError(f"config.dataset {ds!r} has no known image side (known: {', '.join(sorted(SIDES))}); "
+                                "give it with --input-side; nothing was written")
+        return SIDES[ds]
+
+    def metadata(self, members, all_members, established, on_bad_value) -> ZooMetadata:
+        wanted = {m.key for m in members}
+        meta = table_rows({m.key: self._rows[m.key] for m in all_members}, str(self.zoo_dir / "metrics.csv.gz"),
+                          wanted, established, on_bad_value)
+        if getattr(self, "unfinished", 0):
+            meta.warnings.append(f"{self.unfinished} training runs have no final checkpoint (step = config.epochs) "
+                                 "and were left out; --steps all ingests every checkpoint")
+        return meta
+
+    # ------------------------------------------------------------------ workers
+    def convert(self, member: Member, metadata: dict[str, Any], cache: PlanCache) -> Converted:
+        act = str(metadata.get("config.activation", "relu"))
+        fn = ACTIVATIONS.get(act.lower())
+        if fn is None:
+            raise CheckpointError(f"config.activation {act!r} is not one this importer knows "
+                                  f"({', '.join(sorted(ACTIVATIONS))})")
+        layers = self.layers()
+        key = (self.side(metadata), fn)
+        if key not in self._specs:
+            self._specs[key] = spec_for(layers, *key, padding=self.padding)
+        spec, prefixes = self._specs[key]
+        row = self.weights()[int(member.key.rsplit("#", 1)[1])]
+        if not np.all(np.isfinite(row)):
+            raise CheckpointError("the row holds NaN or infinite weights")
+        return convert_state_dict(state_dict(row, layers, prefixes), spec, cache, member.key)
