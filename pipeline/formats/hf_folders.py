@@ -24,7 +24,7 @@ from pipeline.neural_graph.build import graph_from_plan
 from pipeline.neural_graph.convert import Converted, PlanCache
 from pipeline.neural_graph.plan import plan_from_module
 from pipeline.zoo_metadata import ZooMetadata, read_metrics_csv, table_rows
-from zoocore.errors import CheckpointError, ZooGraphError
+from zoocore.errors import CheckpointError, UnsupportedModuleError, ZooGraphError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -35,15 +35,33 @@ def is_member(folder: Path) -> bool:
     return (folder / "config.json").is_file() and ((folder / SINGLE).is_file() or (folder / INDEX).is_file())
 
 
-class FirstOutput(torch.nn.Module):
-    """The model's first output (logits, or the last hidden state) as one tensor."""
+class ModelOutput(torch.nn.Module):
+    """One of the model's outputs as a plain tensor: the first (logits, or the last hidden state),
+    or a later one that reads every parameter (BERT's pooled output reads the pooler too)."""
 
-    def __init__(self, model):
+    def __init__(self, model, index: int = 0):
         super().__init__()
         self.model = model
+        self.index = index
 
     def forward(self, x):
-        return self.model(x, return_dict=False)[0]
+        return self.model(x, return_dict=False)[self.index]
+
+
+def traced_plan(model):
+    """The plan of the first output of ``model`` that reads every parameter."""
+    x = example_input(model)
+    with torch.no_grad():
+        outputs = model(x, return_dict=False)
+    first_error = None
+    for i, out in enumerate(outputs):
+        if not isinstance(out, torch.Tensor):
+            continue
+        try:
+            return i, plan_from_module(ModelOutput(model, i), x)
+        except UnsupportedModuleError as exc:
+            first_error = first_error or exc
+    raise first_error or CheckpointError("the model has no tensor output")
 
 
 def _transformers():
@@ -157,9 +175,9 @@ class HFFolders(ZooFormat):
     def convert(self, member: Member, metadata: dict[str, Any], cache: PlanCache) -> Converted:
         folder = self.zoo_dir / member.key
         config = checkpoints.read_json_object(folder / "config.json", "config.json")
-        wrapped = FirstOutput(load_model(folder, config))
-        state = wrapped.state_dict()
+        model = load_model(folder, config)
         key = hashlib.sha256(json.dumps({k: v for k, v in config.items() if not k.startswith("_")
                                          and k != "transformers_version"}, sort_keys=True).encode()).hexdigest()
-        plan = cache.traced(key, lambda: plan_from_module(wrapped, example_input(wrapped.model)))
+        _, plan = cache.traced(key, lambda: traced_plan(model))
+        state = ModelOutput(model).state_dict()
         return Converted(plan, graph_from_plan(plan, state), state)

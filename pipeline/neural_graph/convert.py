@@ -61,9 +61,9 @@ class PlanCache:
             self._plans[key] = plan
         return self._plans[key]
 
-    def traced(self, key: str, make) -> Plan:
-        """The plan cached under a format's own architecture key (a Hugging Face config's hash),
-        traced by ``make()`` the first time."""
+    def traced(self, key: str, make):
+        """What ``make()`` traces (a plan, with whatever the format keeps beside it), cached under
+        the format's own architecture key (a Hugging Face config's hash): made the first time."""
         key = "traced:" + key
         if key not in self._plans:
             self._plans[key] = make()

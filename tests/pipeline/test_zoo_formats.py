@@ -1,0 +1,166 @@
+"""Published zoo formats, each from a fixture written from the published description alone
+(tests/fixtures/, by helpers that never read the importer): detected, ingested, queried in SQL
+and Cypher, rebuilt from the catalog computing what the original network computed, trained on."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from graphstore import duck
+from graphstore.cli import main as graphstore_cli
+from pipeline.cli import main as pipeline_cli
+from pipeline.graph_codec import read_graphs
+from pipeline.neural_graph.build import state_dict_from_graph
+from pipeline.spec import build_module
+from tests.fixtures.small_cnn_zoo import reference_logits, write_small_cnn_zoo
+
+
+def _ingest(zoo, cat, *args):
+    return CliRunner().invoke(pipeline_cli, ["ingest", str(zoo), "--catalog", str(cat), *args])
+
+
+def _cypher(cat, query):
+    res = CliRunner().invoke(graphstore_cli, ["cypher", query, "--format", "json", "--catalog", str(cat)])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def _rebuilt(con, model_id):
+    """The network rebuilt from the catalog alone: its spec and the graph's exact inverse."""
+    spec, = con.execute("SELECT a.spec_json FROM models m JOIN architectures a USING (architecture_id) "
+                        "WHERE m.model_id = ?", [model_id]).fetchone()
+    net = build_module(json.loads(spec))
+    net.load_state_dict(state_dict_from_graph(read_graphs(con, [model_id])[0]))
+    return net.eval()
+
+
+# --------------------------------------------------------------------------- Small CNN Zoo
+@pytest.fixture(scope="module")
+def small_zoo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("scz") / "mnist"
+    info = write_small_cnn_zoo(out, dataset="mnist", n_runs=6, crashed_runs=1, seed=3)
+    return out, info
+
+
+def test_small_cnn_zoo_final_checkpoints_compute_what_tensorflow_computed(small_zoo, tmp_path):
+    zoo, info = small_zoo
+    res = _ingest(zoo, tmp_path / "cat")
+    assert res.exit_code == 0, res.output
+    assert "(small-cnn-zoo)" in res.output and f"{len(info['final_rows'])} new models" in res.output
+    assert "1 training runs have no final checkpoint" in res.output
+    con = duck.connect(tmp_path / "cat")
+    rows = con.execute("SELECT model_id, source_path, step, modeldir, config_activation, config_learning_rate, "
+                       "test_accuracy FROM models ORDER BY source_path").fetchall()
+    assert sorted(int(r[1].split("#")[1]) for r in rows) == sorted(info["final_rows"])
+    assert {r[2] for r in rows} == {86} and info["crashed_modeldirs"][0] not in {r[3] for r in rows}
+    assert {r[4] for r in rows} == {"relu", "tanh"} and all(isinstance(r[5], float) for r in rows)
+    weights = np.load(zoo / "weights.npy")
+    x = np.random.default_rng(0).uniform(-1, 1, (5, info["side"], info["side"], 1)).astype(np.float32)
+    for mid, source, _, _, act, _, _ in rows:
+        want = reference_logits(weights[int(source.split("#")[1])], zoo / "layout.csv", act, x)
+        with torch.no_grad():
+            got = _rebuilt(con, mid)(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # the attributes are graph properties too
+    found = _cypher(tmp_path / "cat", "MATCH (m:Model) WHERE m.config_activation = 'tanh' RETURN count(m) AS n")
+    assert found[0]["n"] == sum(r[4] == "tanh" for r in rows) > 0
+
+
+def test_small_cnn_zoo_every_checkpoint_and_same_padding(tmp_path):
+    zoo = tmp_path / "cifar10"
+    info = write_small_cnn_zoo(zoo, dataset="cifar10", n_runs=3, crashed_runs=0, seed=5, order="lexicographic")
+    w = np.lib.format.open_memmap(zoo / "weights.npy", mode="r+")
+    step0 = [i for i, s in enumerate(info["steps"]) if s == 0]
+    w[step0[1]] = w[step0[0]]          # two runs from one initialisation: still two models
+    w.flush()
+    del w
+    res = _ingest(zoo, tmp_path / "cat", "--steps", "all", "--padding", "same")
+    assert res.exit_code == 0, res.output
+    con = duck.connect(tmp_path / "cat")
+    n, runs, steps = con.execute("SELECT count(*), count(DISTINCT modeldir), count(DISTINCT step) FROM models").fetchone()
+    assert (n, runs, steps) == (info["rows"], 3, 9)
+    weights = np.load(zoo / "weights.npy")
+    x = np.random.default_rng(1).uniform(-1, 1, (3, 32, 32, 1)).astype(np.float32)
+    mid, source, act = con.execute("SELECT model_id, source_path, config_activation FROM models "
+                                   "WHERE step = 86 LIMIT 1").fetchone()
+    want = reference_logits(weights[int(source.split("#")[1])], zoo / "layout.csv", act, x, padding="SAME")
+    with torch.no_grad():
+        got = _rebuilt(con, mid)(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_small_cnn_zoo_refusals_are_one_line_and_write_nothing(tmp_path):
+    zoo = tmp_path / "zoo"
+    write_small_cnn_zoo(zoo, n_runs=2, crashed_runs=0)
+    np.save(zoo / "weights.npy", np.zeros((5, 4970), np.float32))           # rows disagree with metrics
+    res = _ingest(zoo, tmp_path / "cat")
+    assert res.exit_code == 1 and "weights.npy has 5" in res.output and "Traceback" not in res.output
+    np.save(zoo / "weights.npy", np.array([{"a": 1}] * 18, dtype=object), allow_pickle=True)   # a pickle inside
+    res = _ingest(zoo, tmp_path / "cat")
+    assert res.exit_code == 1 and "not a readable .npy matrix" in res.output
+    res = _ingest(zoo, tmp_path / "cat", "--format", "checkpoints")
+    assert res.exit_code == 1 and "no checkpoints" in res.output
+    write_small_cnn_zoo(zoo, n_runs=2, crashed_runs=0)
+    res = _ingest(zoo, tmp_path / "cat", "--steps", "all", "--format", "small-cnn-zoo", "--input-side", "0")
+    assert res.exit_code == 2                                                # click's own range check
+    assert not (tmp_path / "cat").exists() or not list((tmp_path / "cat").rglob("*.parquet"))
+
+
+def test_a_format_option_the_zoo_does_not_take_is_refused_by_name(tmp_path, small_zoo):
+    from tests.fixtures.hf_zoo import write_hf_zoo
+
+    write_hf_zoo(tmp_path / "hf", n_per_arch=1, archs=("vit",), sharded=0)
+    res = _ingest(tmp_path / "hf", tmp_path / "cat", "--steps", "all")
+    assert res.exit_code == 1 and "--steps does not apply to a zoo of format 'hf-folders'" in res.output
+
+
+def test_small_cnn_zoo_trains_end_to_end(tmp_path):
+    from jobs.cli import main as jobs_cli
+
+    zoo = tmp_path / "zoo"
+    write_small_cnn_zoo(zoo, n_runs=40, crashed_runs=0, seed=7)
+    assert _ingest(zoo, tmp_path / "cat", "--no-graph").exit_code == 0
+    res = CliRunner().invoke(jobs_cli, ["train-heterognn", "--catalog", str(tmp_path / "cat"), "--ensemble", "1",
+                                        "--epochs", "1", "--hidden", "8", "--edge-hidden", "4", "--layers", "1",
+                                        "--batch-size", "8", "--no-baselines"])
+    assert res.exit_code == 0, res.output
+    con = duck.connect(tmp_path / "cat")
+    assert con.execute("SELECT count(*) FROM predictions").fetchone()[0] == 40
+
+
+# --------------------------------------------------------------------------- Hugging Face folders
+@pytest.fixture(scope="module")
+def hf_zoo(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from tests.fixtures.hf_zoo import write_hf_zoo
+
+    out = tmp_path_factory.mktemp("hf") / "zoo"
+    return out, write_hf_zoo(out, n_per_arch=2, sharded=3, seed=1)
+
+
+def test_hugging_face_folders_ingest_and_rebuild_what_transformers_loads(hf_zoo, tmp_path):
+    from pipeline.formats.hf_folders import ModelOutput, load_model
+    from pipeline.checkpoints import read_json_object
+    from tests.fixtures.hf_zoo import example_inputs, load_reference
+
+    zoo, info = hf_zoo
+    res = _ingest(zoo, tmp_path / "cat")
+    assert res.exit_code == 0, res.output
+    assert "(hf-folders)" in res.output and f"{len(info)} new models" in res.output
+    con = duck.connect(tmp_path / "cat")
+    rows = con.execute("SELECT model_id, source_path, test_accuracy FROM models").fetchall()
+    assert {r[1]: round(r[2], 4) for r in rows} == {k: round(v["test_accuracy"], 4) for k, v in info.items()}
+    for mid, folder, _ in rows:
+        ref = load_reference(zoo / folder)
+        # rebuilt from the catalog: the class's fresh network given the graph's exact inverse
+        net = load_model(zoo / folder, read_json_object(zoo / folder / "config.json"))
+        torch.nn.init.zeros_(next(net.parameters()))
+        ModelOutput(net).load_state_dict(state_dict_from_graph(read_graphs(con, [mid])[0]))
+        x = next(iter(example_inputs(info[folder]["arch"]).values()))
+        with torch.no_grad():
+            want, got = ref(x, return_dict=False)[0], net(x, return_dict=False)[0]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    found = _cypher(tmp_path / "cat", "MATCH (m:Model) RETURN count(m) AS n")
+    assert found[0]["n"] == len(info)
