@@ -22,6 +22,17 @@ def main():
     """
 
 
+def _format_lines() -> list[str]:
+    import textwrap
+
+    lines = []
+    for name, (_, summary) in ZOO_FORMATS.items():
+        wrapped = textwrap.wrap(summary, 62)
+        lines.append(f"{name:14s} {wrapped[0]}")
+        lines += [" " * 15 + w for w in wrapped[1:]]
+    return lines
+
+
 @main.group()
 def zoo():
     """Generate model zoos of real trained networks (data from scikit-learn, nothing downloaded)."""
@@ -57,7 +68,7 @@ def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas, settings):
                             settings=recipe_settings(kind, settings))))
 
 
-@main.command()
+@main.command(epilog="\b\nZoo formats:\n" + "\n".join(f"  {line}" for line in _format_lines()))
 @click.argument("zoo_dir", type=click.Path(exists=True, file_okay=False))
 @catalog_option
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
@@ -72,8 +83,8 @@ def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas, settings):
 @click.option("--format", "fmt", type=click.Choice(list(ZOO_FORMATS)), default=None,
               help="The zoo's format (default: detected from the folder's files, and named in the report).")
 @click.option("--steps", type=click.Choice(["final", "all"]), default=None,
-              help="Small CNN Zoo: ingest each training run's final checkpoint (step = config.epochs; the "
-                   "default) or every checkpoint, each its own model with modeldir and step columns.")
+              help="Small CNN Zoo and Model Zoos: ingest each training run's final checkpoint (the default) or "
+                   "every checkpoint, each its own model (step / epoch columns tell them apart).")
 @click.option("--padding", type=click.Choice(["valid", "same"]), default=None,
               help="Small CNN Zoo: the convolutions' TensorFlow padding (default valid, as the published zoo "
                    "was trained; same for zoos of that layout trained with 'SAME').")
@@ -86,15 +97,7 @@ def ingest(zoo_dir, catalog, workers, zoo_name, shard, no_graph, on_bad_value, f
            neo4j_uri, neo4j_user, neo4j_password):
     """Convert every model of the zoo in ZOO_DIR into its neural graph and append it to the catalog.
 
-    \b
-    Zoo formats (detected from the files; --format overrides):
-      checkpoints    .pt2 (torch.export) archives, or .pt/.safetensors state dicts with a JSON
-                     sidecar holding the architecture spec, plus metrics.csv and sidecars
-      small-cnn-zoo  the Small CNN Zoo: weights.npy, layout.csv, metrics.csv.gz (config.* fields
-                     become columns config_activation, ...; weights.npy is memory-mapped)
-      hf-folders     Hugging Face model folders (config.json + model.safetensors, sharded or
-                     not) plus metrics.csv keyed by folder name; needs the hf extra
-
+    The zoo's format is detected from its files (--format overrides; formats listed below).
     Model attributes get one type per column for the whole catalog (a column of numbers stays
     numbers). Models already in the catalog are skipped (content hash), and any of this zoo's
     models missing from the graph store are written to it (a re-run repairs a lost graph write).

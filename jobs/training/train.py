@@ -77,6 +77,7 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
         model.train()
         total, n = 0.0, 0
         local = shard(train_idx, ctx, seed=seed + epoch)
+        epoch_start = time.perf_counter()
         for b, (idx, graphs) in enumerate(train_stream.batches(local, local_batch_size(cfg.batch_size, ctx))):
             if cfg.max_train_batches is not None and b >= cfg.max_train_batches:
                 break
@@ -89,11 +90,13 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
             total += float(loss) * len(idx)
             n += len(idx)
         sched.step()
+        train_seconds = time.perf_counter() - epoch_start
         epochs_run = epoch + 1
         score_idx = val_idx if len(val_idx) >= 2 else train_idx
         out, _ = infer(model, stream, score_idx, cfg.batch_size, device, ctx)
         score = task.score(task.metrics(sel.targets[score_idx], task.decode(out, scale)))
-        history.append({"epoch": epoch, "train_loss": total / max(n, 1), "val_score": score})
+        history.append({"epoch": epoch, "train_loss": total / max(n, 1), "val_score": score,
+                        "train_graphs": n, "train_seconds": train_seconds})
         bar.set_postfix(loss=f"{total / max(n, 1):.4f}", val=f"{score:.3f}")
         if score > best + 1e-4:
             best, best_state, bad = score, copy.deepcopy(model.state_dict()), 0

@@ -12,11 +12,22 @@ from typing import Any
 from pipeline.formats.base import Member, ZooFormat
 from zoocore.errors import ZooGraphError
 
-# name -> "module:Class", in detection order (most specific first; the checkpoint folder last)
+# name -> ("module:Class", what the folder holds), in detection order (most specific first; the
+# checkpoint folder last). The summaries are here, not on the classes, so that `pipeline ingest
+# --help` lists the formats without importing torch.
 FORMATS = {
-    "small-cnn-zoo": "pipeline.formats.small_cnn_zoo:SmallCNNZoo",
-    "hf-folders": "pipeline.formats.hf_folders:HFFolders",
-    "checkpoints": "pipeline.formats.checkpoint_folder:CheckpointFolder",
+    "small-cnn-zoo": ("pipeline.formats.small_cnn_zoo:SmallCNNZoo",
+                      "the Small CNN Zoo (Unterthiner et al. 2020): weights.npy, layout.csv, metrics.csv.gz; "
+                      "config.* fields become columns config_activation, ...; read a row at a time"),
+    "hf-folders": ("pipeline.formats.hf_folders:HFFolders",
+                   "Hugging Face model folders (config.json + model.safetensors, sharded or not) with a "
+                   "metrics.csv keyed by folder name; needs the hf extra"),
+    "model-zoos": ("pipeline.formats.model_zoos:ModelZoos",
+                   "Model Zoos (Schürholt et al. 2022): ray-tune trial folders with params.json, result.json "
+                   "and checkpoint_*/checkpoints (CNN and CNN3); params become columns model__nlin, ..."),
+    "checkpoints": ("pipeline.formats.checkpoint_folder:CheckpointFolder",
+                    "this project's format: .pt2 (torch.export) archives, or .pt/.safetensors state dicts with "
+                    "a JSON sidecar holding the architecture spec, plus metrics.csv and sidecars"),
 }
 
 __all__ = ["FORMATS", "Member", "ZooFormat", "format_class", "detect", "open_zoo"]
@@ -25,7 +36,7 @@ __all__ = ["FORMATS", "Member", "ZooFormat", "format_class", "detect", "open_zoo
 def format_class(name: str) -> type[ZooFormat]:
     if name not in FORMATS:
         raise ZooGraphError(f"unknown zoo format {name!r}; known: {', '.join(FORMATS)}")
-    module, cls = FORMATS[name].split(":")
+    module, cls = FORMATS[name][0].split(":")
     return getattr(importlib.import_module(module), cls)
 
 
@@ -38,8 +49,9 @@ def detect(zoo_dir: str | Path) -> str:
         if format_class(name).detect(zoo_dir):
             return name
     raise ZooGraphError(f"{zoo_dir} holds no zoo this program can read: no checkpoints (.pt2, .pt, .pth, "
-                        ".safetensors), no Small CNN Zoo files (weights.npy, layout.csv, metrics.csv.gz) and no "
-                        "Hugging Face model folders (config.json + model.safetensors); nothing was ingested")
+                        ".safetensors), no Small CNN Zoo files (weights.npy, layout.csv, metrics.csv.gz), no "
+                        "Hugging Face model folders (config.json + model.safetensors) and no Model Zoos trial "
+                        "folders (params.json + checkpoint_*/checkpoints); nothing was ingested")
 
 
 def open_zoo(zoo_dir: str | Path, fmt: str | None = None, **options: Any) -> ZooFormat:

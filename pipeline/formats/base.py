@@ -32,10 +32,10 @@ class Member:
 
 
 class ZooFormat:
-    """A zoo format: subclasses set ``name``/``summary`` and implement the four methods."""
+    """A zoo format: subclasses set ``name`` and implement the four methods (their one-line
+    summary is in the registry, pipeline.formats.FORMATS)."""
 
     name: ClassVar[str]
-    summary: ClassVar[str]          # one line for --help and the ingest report
     options: ClassVar[dict[str, str]] = {}      # option name -> help, for formats that take any
 
     def __init__(self, zoo_dir: str | Path, **options: Any):

@@ -38,7 +38,6 @@ def zoo_checkpoints(zoo_dir: Path, files: list[Path] | None = None) -> list[Path
 
 class CheckpointFolder(ZooFormat):
     name = "checkpoints"
-    summary = "checkpoints (.pt2, or .safetensors/.pt state dicts with a JSON spec) + metrics.csv"
 
     def __init__(self, zoo_dir, files: list[Path] | None = None, **options):
         super().__init__(zoo_dir, **options)

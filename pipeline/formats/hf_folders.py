@@ -147,7 +147,6 @@ def load_model(folder: Path, config: dict[str, Any]):
 
 class HFFolders(ZooFormat):
     name = "hf-folders"
-    summary = "Hugging Face model folders (config.json + model.safetensors, sharded or not) + metrics.csv"
 
     @classmethod
     def detect(cls, zoo_dir: Path) -> bool:

@@ -3,8 +3,8 @@
 A zoo folder (one per data set) holds:
 
 - ``weights.npy``: a float32 matrix, one row of flattened TensorFlow parameters per checkpoint
-  (conv kernels HWIO, the dense kernel (in, out)); read through a memory map, a row at a time, so
-  the 5.4 GB matrices of the published zoo are never held;
+  (conv kernels HWIO, the dense kernel (in, out)); read a row at a time at its offset in the file
+  (``NpyRows``), so the 5.4 GB matrices of the published zoo are never held;
 - ``layout.csv``: which columns of a row hold which variable (``varname``, ``start_idx``,
   ``end_idx``, ``shape``);
 - ``metrics.csv.gz``: one row per checkpoint, in the rows' order (``config.*`` hyperparameters,
@@ -27,6 +27,7 @@ import csv
 import gzip
 import io
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -180,10 +181,49 @@ def state_dict(row: np.ndarray, layers: list[dict[str, Any]], prefixes: list[str
     return state
 
 
+# --------------------------------------------------------------------------- weights.npy
+class NpyRows:
+    """Rows of a 2-d float ``.npy`` matrix read one at a time with ``pread``: never the whole
+    matrix, and no memory map either (pages of a map that rows were read from count as the
+    process's resident memory until it ends: a 5.4 GB matrix would grow every worker by the
+    part it read). The header is parsed by numpy without pickle; an object array is refused."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            with open(path, "rb") as fh:
+                version = np.lib.format.read_magic(fh)
+                read = {(1, 0): np.lib.format.read_array_header_1_0,
+                        (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                if read is None:
+                    raise ValueError(f".npy format version {version}")
+                shape, fortran, dtype = read(fh)
+                self.offset = fh.tell()
+        except (ValueError, OSError) as exc:
+            raise ZooGraphError(f"{path}: not a readable .npy matrix ({str(exc).splitlines()[0]}); "
+                                "nothing was written") from None
+        if len(shape) != 2 or dtype.kind != "f" or dtype.hasobject or fortran:
+            raise ZooGraphError(f"{path}: expected a 2-d float matrix in C order, found {dtype} of shape "
+                                f"{list(shape)}{' (Fortran order)' if fortran else ''}; nothing was written")
+        self.shape, self.dtype = tuple(shape), dtype
+        self.row_bytes = shape[1] * dtype.itemsize
+        if path.stat().st_size < self.offset + shape[0] * self.row_bytes:
+            raise ZooGraphError(f"{path} is shorter than its header says ({list(shape)} of {dtype}); "
+                                "nothing was written")
+        self._fd: int | None = None
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        data = os.pread(self._fd, self.row_bytes, self.offset + int(i) * self.row_bytes)
+        if len(data) != self.row_bytes:
+            raise CheckpointError(f"{self.path}: row {i} is cut short")
+        return np.frombuffer(data, self.dtype).astype(np.float32)
+
+
 # --------------------------------------------------------------------------- the format
 class SmallCNNZoo(ZooFormat):
     name = "small-cnn-zoo"
-    summary = "Small CNN Zoo: weights.npy + layout.csv + metrics.csv.gz (Unterthiner et al. 2020)"
     options = {"steps": "final (each run's step == config.epochs checkpoint) or all (every checkpoint)",
                "input_side": "image side when config.dataset is not one of " + ", ".join(sorted(SIDES)),
                "padding": "the convolutions' TensorFlow padding: valid (the published zoo's, Keras' default) "
@@ -209,18 +249,9 @@ class SmallCNNZoo(ZooFormat):
         return all((Path(zoo_dir) / f).is_file() for f in FILES)
 
     # ------------------------------------------------------------------ main process
-    def weights(self) -> np.ndarray:
+    def weights(self) -> "NpyRows":
         if self._weights is None:
-            path = self.zoo_dir / "weights.npy"
-            try:     # allow_pickle=False: an object array is refused, never unpickled
-                w = np.load(path, mmap_mode="r", allow_pickle=False)
-            except (ValueError, OSError) as exc:
-                raise ZooGraphError(f"{path}: not a readable .npy matrix ({str(exc).splitlines()[0]}); "
-                                    "nothing was written") from None
-            if w.ndim != 2 or w.dtype.kind != "f":
-                raise ZooGraphError(f"{path}: expected a 2-d float matrix, found {w.dtype} of shape {list(w.shape)}; "
-                                    "nothing was written")
-            self._weights = w
+            self._weights = NpyRows(self.zoo_dir / "weights.npy")
         return self._weights
 
     def layers(self) -> list[dict[str, Any]]:

@@ -99,7 +99,7 @@ def test_small_cnn_zoo_refusals_are_one_line_and_write_nothing(tmp_path):
     assert res.exit_code == 1 and "weights.npy has 5" in res.output and "Traceback" not in res.output
     np.save(zoo / "weights.npy", np.array([{"a": 1}] * 18, dtype=object), allow_pickle=True)   # a pickle inside
     res = _ingest(zoo, tmp_path / "cat")
-    assert res.exit_code == 1 and "not a readable .npy matrix" in res.output
+    assert res.exit_code == 1 and "expected a 2-d float matrix in C order, found object" in res.output
     res = _ingest(zoo, tmp_path / "cat", "--format", "checkpoints")
     assert res.exit_code == 1 and "no checkpoints" in res.output
     write_small_cnn_zoo(zoo, n_runs=2, crashed_runs=0)
@@ -164,3 +164,63 @@ def test_hugging_face_folders_ingest_and_rebuild_what_transformers_loads(hf_zoo,
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     found = _cypher(tmp_path / "cat", "MATCH (m:Model) RETURN count(m) AS n")
     assert found[0]["n"] == len(info)
+
+
+# --------------------------------------------------------------------------- Model Zoos (Schürholt et al.)
+def test_model_zoos_trials_ingest_and_compute_what_the_published_class_computed(tmp_path):
+    from tests.fixtures.model_zoos import INPUT_SHAPE, reference_forward, write_model_zoo
+
+    for kind, dropout in (("CNN", (0.0, 0.5)), ("CNN3", (0.0,))):
+        info = write_model_zoo(tmp_path / kind, kind=kind, n_models=4, dropout=dropout,
+                               activations=("tanh", "relu", "gelu", "sigmoid"), seed=2)
+        res = _ingest(tmp_path / kind, tmp_path / "cat")
+        assert res.exit_code == 0, res.output
+        assert "(model-zoos)" in res.output and "4 new models" in res.output
+        con = duck.connect(tmp_path / "cat")
+        rows = con.execute("SELECT model_id, trial, model__nlin, model__dropout, epoch, test_acc FROM models "
+                           "WHERE model__type = ?", [kind]).fetchall()
+        assert {r[1] for r in rows} == set(info) and {r[4] for r in rows} == {2}
+        x = torch.randn(3, *INPUT_SHAPE[kind], generator=torch.Generator().manual_seed(0))
+        for mid, trial, nlin, p, _, acc in rows:
+            assert acc == pytest.approx(info[trial]["test_acc"])
+            want = reference_forward(info[trial]["module"], kind, nlin, p, x)
+            with torch.no_grad():
+                got = _rebuilt(con, mid)(x)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        con.close()
+    found = _cypher(tmp_path / "cat", "MATCH (m:Model) WHERE m.model__type = 'CNN3' RETURN count(m) AS n")
+    assert found[0]["n"] == 4
+
+
+def test_model_zoos_every_epoch_and_a_hostile_checkpoint(tmp_path):
+    from tests.fixtures.model_zoos import write_model_zoo
+
+    info = write_model_zoo(tmp_path / "z", kind="CNN", n_models=3, epochs=(0, 1, 2), seed=4)
+    trial = next(iter(info))
+    bad = next((tmp_path / "z").rglob(f"{trial}/checkpoint_000001/checkpoints"))
+    import pickle
+
+    class Boom:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    bad.write_bytes(pickle.dumps(Boom()))          # a legacy pickle posing as a checkpoint
+    res = _ingest(tmp_path / "z", tmp_path / "cat", "--steps", "all")
+    assert res.exit_code == 1 and "pwned" not in res.output and "Traceback" not in res.output
+    assert "8 new models" in res.output and "1 failed" in res.output
+    con = duck.connect(tmp_path / "cat")
+    assert con.execute("SELECT count(*) FROM models WHERE epoch = 0 AND train_acc IS NULL").fetchone()[0] == 3
+    assert con.execute("SELECT count(*) FROM ingest_errors").fetchone()[0] == 1
+
+
+def test_model_zoos_train_end_to_end(tmp_path):
+    from jobs.cli import main as jobs_cli
+    from tests.fixtures.model_zoos import write_model_zoo
+
+    write_model_zoo(tmp_path / "z", kind="CNN", n_models=30, epochs=(0, 1), seed=6)
+    assert _ingest(tmp_path / "z", tmp_path / "cat", "--no-graph").exit_code == 0
+    res = CliRunner().invoke(jobs_cli, ["train-heterognn", "--catalog", str(tmp_path / "cat"), "--target", "test_acc",
+                                        "--ensemble", "1", "--epochs", "1", "--hidden", "8", "--edge-hidden", "4",
+                                        "--layers", "1", "--batch-size", "8", "--no-baselines"])
+    assert res.exit_code == 0, res.output
+    assert duck.connect(tmp_path / "cat").execute("SELECT count(*) FROM predictions").fetchone()[0] == 30
