@@ -50,6 +50,17 @@ class ModelOutput(torch.nn.Module):
 
 def traced_plan(model):
     """The plan of the first output of ``model`` that reads every parameter."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()         # its advice about attention masks is not the user's concern here
+    try:
+        return _traced_plan(model)
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _traced_plan(model):
     x = example_input(model)
     with torch.no_grad():
         outputs = model(x, return_dict=False)

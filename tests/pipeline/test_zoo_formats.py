@@ -224,3 +224,26 @@ def test_model_zoos_train_end_to_end(tmp_path):
                                         "--layers", "1", "--batch-size", "8", "--no-baselines"])
     assert res.exit_code == 0, res.output
     assert duck.connect(tmp_path / "cat").execute("SELECT count(*) FROM predictions").fetchone()[0] == 30
+
+
+def test_hugging_face_folders_refuse_what_they_cannot_read_safely(tmp_path):
+    pytest.importorskip("transformers")
+    from tests.fixtures.hf_zoo import write_hf_zoo
+
+    info = write_hf_zoo(tmp_path / "zoo", n_per_arch=1, archs=("gpt2", "bert", "vit"), sharded=1, seed=2)
+    sharded = next(k for k, v in info.items() if v["sharded"])
+    index = tmp_path / "zoo" / sharded / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    key = next(iter(data["weight_map"]))
+    data["weight_map"][key] = "../../outside.safetensors"          # a shard outside the member folder
+    index.write_text(json.dumps(data))
+    other = next(k for k, v in info.items() if not v["sharded"])
+    cfg_path = tmp_path / "zoo" / other / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["architectures"] = ["AutoModel"]                           # not a model class
+    cfg["auto_map"] = {"AutoModel": "evil.Model"}                  # remote code is never used
+    cfg_path.write_text(json.dumps(cfg))
+    res = _ingest(tmp_path / "zoo", tmp_path / "cat")
+    assert res.exit_code == 1 and "Traceback" not in res.output and "1 new models" in res.output
+    assert "shard '../../outside.safetensors' is not a file name in the folder" in res.output
+    assert "names no transformers model class" in res.output
