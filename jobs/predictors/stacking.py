@@ -8,7 +8,11 @@ blend chosen on validation leans on whichever carries the signal. The partner is
 StatNN's learners, not the one that scores best on validation: on the development zoos (quick
 mode, 3 folds, 60 validation models) validation picked the weaker learner in 4 of 6 folds, while
 the mean was at least as good as the better one (cnn 0.545 vs 0.526, cnn-fixed 0.574 vs 0.571) and
-its blend kept within 0.005 of NG-GNN where NG-GNN was ahead (docs/accuracy.md). All inputs are on
+its blend kept within 0.005 of NG-GNN where NG-GNN was ahead (docs/accuracy.md). One exception:
+a learner that has collapsed is left out of the mean. A partner whose validation score is more
+than ``COLLAPSED`` below the best partner's is dropped: where the learners are level (every
+development fold) that never happens, and where one learner fails outright (StatNN's MLP on some
+zoos written by other code) the mean would carry its failure into the answer. All inputs are on
 the target's scale (the metanetwork calibrated, StatNN clipped to the training range), so the
 blend is too. Regression only: a class is not a number.
 """
@@ -22,6 +26,7 @@ import numpy as np
 from jobs.training.tasks import Task
 
 WEIGHTS = np.round(np.linspace(0.0, 1.0, 11), 2)
+COLLAPSED = 0.1          # validation score (Kendall tau for regression) this far below the best partner's: dropped
 STACK_FORMAT = "zoograph.stack/1"
 
 
@@ -34,6 +39,15 @@ def choose_weight(task: Task, y: np.ndarray, metanet: np.ndarray, statistics: np
     return float(WEIGHTS[best[np.argmin(np.abs(WEIGHTS[best] - 0.5))]])
 
 
+def healthy(task: Task, y: np.ndarray, predictions: dict[str, np.ndarray]) -> list[str]:
+    """The partners (by name, in order) whose validation score is within ``COLLAPSED`` of the
+    best partner's."""
+    scores = {n: task.score(task.metrics(y, p)) for n, p in predictions.items()}
+    scores = {n: (s if np.isfinite(s) else -np.inf) for n, s in scores.items()}
+    best = max(scores.values())
+    return [n for n, s in scores.items() if s >= best - COLLAPSED] or list(predictions)
+
+
 def blend(metanet: np.ndarray, statistics: np.ndarray, weight: float) -> np.ndarray:
     return weight * np.asarray(metanet, float) + (1.0 - weight) * np.asarray(statistics, float)
 
@@ -42,19 +56,23 @@ def blend(metanet: np.ndarray, statistics: np.ndarray, weight: float) -> np.ndar
 class Stack:
     """A fitted blend: the metanetwork's weight and the statistics predictors it is blended with."""
     metanetwork: str
-    partners: list[str]                    # tabular predictors' names (jobs.predictors)
+    partners: list[str]                    # tabular predictors' names (jobs.predictors) in the mean
     weight: float
     predictors: list = field(default_factory=list)     # the fitted partners (jobs.predictors.tabular), in that order
     predictions: np.ndarray | None = None
+    candidates: list[str] = field(default_factory=list)   # the partners considered (the name); default: partners
 
     @property
     def name(self) -> str:
-        return "+".join([self.metanetwork, *self.partners])
+        """The answer's method name: the metanetwork and every partner considered, whichever were
+        kept, so that a recipe's answer has one name on every zoo and fold."""
+        return "+".join([self.metanetwork, *(self.candidates or self.partners)])
 
     @property
     def note(self) -> str:
+        dropped = [c for c in self.candidates if c not in self.partners]
         return (f"{self.weight:g} x {self.metanetwork} + {1 - self.weight:g} x mean({', '.join(self.partners)}), "
-                "w chosen on val")
+                "w chosen on val" + (f"; {', '.join(dropped)} left out (collapsed on val)" if dropped else ""))
 
     def apply(self, metanet: np.ndarray, partners: list[np.ndarray]) -> np.ndarray:
         """The blend where every partner has an answer, the metanetwork alone elsewhere."""
@@ -73,7 +91,7 @@ class Stack:
         from jobs.training.run_weights import predictor_files
 
         doc = {"format": STACK_FORMAT, "metanetwork": self.metanetwork, "partners": self.partners,
-               "weight": self.weight}
+               "weight": self.weight, "candidates": self.candidates or self.partners}
         files = {"stack.json": json.dumps(doc).encode()}
         for name, p in zip(self.partners, self.predictors):
             files.update(predictor_files(f"stack-{name}", p))
@@ -90,9 +108,11 @@ def stack_with_statistics(task: Task, sel, name: str, metanet: np.ndarray, fitte
     partners = [n for n, (_, r) in fitted.items() if entry(n).stack and r.applicable.all()]
     if not task.numeric or val.sum() < 2 or not partners:
         return None
+    candidates = partners
+    partners = healthy(task, sel.targets[val], {n: fitted[n][1].predictions[val] for n in partners})
     parts = [fitted[n][1].predictions for n in partners]
     weight = choose_weight(task, sel.targets[val], metanet[val], np.mean(parts, axis=0)[val])
-    stack = Stack(name, partners, weight, [fitted[n][0] for n in partners])
+    stack = Stack(name, partners, weight, [fitted[n][0] for n in partners], candidates=candidates)
     stack.predictions = stack.apply(metanet, parts)
     return stack
 
@@ -109,7 +129,8 @@ def read_stack(catalog, run_id: str) -> Stack | None:
         doc = json.loads(raw)
         if doc.get("format") != STACK_FORMAT:
             raise ValueError(f"not a {STACK_FORMAT} file")
-        stack = Stack(str(doc["metanetwork"]), [str(p) for p in doc["partners"]], float(doc["weight"]))
+        stack = Stack(str(doc["metanetwork"]), [str(p) for p in doc["partners"]], float(doc["weight"]),
+                      candidates=[str(p) for p in doc.get("candidates", doc["partners"])])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise JobError(f"cannot read the blend of run {run_id}: {exc}") from None
     for partner in stack.partners:

@@ -111,3 +111,22 @@ def test_hyperparameters_that_do_not_fit_together_stop_in_one_line(catalog_copy)
                                     "--where", "zoo = 'cnn'", "--hidden", "10", "--heads", "4", "--no-baselines"])
     assert res.exit_code == 1
     assert res.output.strip() == "Error: --model ngt: hidden size 10 is not a multiple of 4 heads"
+
+
+def test_a_collapsed_statistics_learner_is_left_out_of_the_blend():
+    """The blend's partner is the mean of StatNN's learners, except one whose validation tau is more
+    than COLLAPSED below the best: level learners are both kept, a failed one is dropped."""
+    from jobs.predictors.stacking import COLLAPSED, healthy
+    from jobs.training.tasks import task_named
+
+    rng = np.random.default_rng(0)
+    y = rng.uniform(0.1, 0.9, 80)
+    good = y + rng.normal(0, 0.05, 80)
+    level = y + rng.normal(0, 0.06, 80)
+    task = task_named("regression")
+    assert healthy(task, y, {"statnn": good, "statnn_mlp": level}) == ["statnn", "statnn_mlp"]
+    noise = rng.uniform(0, 1, 80)
+    tau = task.score(task.metrics(y, noise))
+    assert tau < task.score(task.metrics(y, good)) - COLLAPSED
+    assert healthy(task, y, {"statnn": good, "statnn_mlp": noise}) == ["statnn"]
+    assert healthy(task, y, {"statnn_mlp": noise}) == ["statnn_mlp"]          # never empty

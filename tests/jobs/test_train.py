@@ -92,7 +92,7 @@ def test_a_saved_baseline_refits_to_the_same_predictions(trained):
 
     root, report = trained
     stack = read_stack(Catalog(root), report.run_id)
-    assert stack.partners == ["statnn", "statnn_mlp"]
+    assert stack.candidates == ["statnn", "statnn_mlp"] and stack.partners and set(stack.partners) <= {"statnn", "statnn_mlp"}
     con = duck.connect(root)
     for name, predictor in zip(stack.partners, stack.predictors):
         saved = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = ?",

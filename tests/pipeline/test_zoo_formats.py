@@ -247,3 +247,21 @@ def test_hugging_face_folders_refuse_what_they_cannot_read_safely(tmp_path):
     assert res.exit_code == 1 and "Traceback" not in res.output and "1 new models" in res.output
     assert "shard '../../outside.safetensors' is not a file name in the folder" in res.output
     assert "names no transformers model class" in res.output
+
+
+def test_hugging_face_folders_train_end_to_end(tmp_path):
+    pytest.importorskip("transformers")
+    from jobs.cli import main as jobs_cli
+    from tests.fixtures.hf_zoo import write_hf_zoo
+
+    info = write_hf_zoo(tmp_path / "zoo", n_per_arch=3, sharded=2, seed=3)
+    lines = (tmp_path / "zoo" / "metrics.csv").read_text().splitlines()
+    splits = ["train", "train", "val", "test"] * 3                    # a user's own split column
+    (tmp_path / "zoo" / "metrics.csv").write_text("\n".join([lines[0] + ",split"] + [
+        f"{line},{s}" for line, s in zip(lines[1:], splits)]) + "\n")
+    assert _ingest(tmp_path / "zoo", tmp_path / "cat", "--no-graph").exit_code == 0
+    res = CliRunner().invoke(jobs_cli, ["train-heterognn", "--catalog", str(tmp_path / "cat"), "--split-column", "split",
+                                        "--ensemble", "1", "--epochs", "1", "--hidden", "8", "--edge-hidden", "4",
+                                        "--layers", "1", "--batch-size", "4", "--no-baselines"])
+    assert res.exit_code == 0, res.output
+    assert duck.connect(tmp_path / "cat").execute("SELECT count(*) FROM predictions").fetchone()[0] == len(info)
