@@ -57,7 +57,9 @@ class DataConfig:
                                     type=click.IntRange(min=2), metavar="N")
     loader_workers: int = option(2, "Threads that stream graphs from DuckDB ahead of the trainer.",
                                  type=click.IntRange(min=0))
-    chunk: int = option(64, "Graphs read from DuckDB per query.", type=click.IntRange(min=1))
+    chunk: int = option(1024, "Graphs read from DuckDB per query (consecutive batches are read together: a "
+                               "query's cost grows with the catalog, so few large queries stream a large zoo "
+                               "faster).", type=click.IntRange(min=1))
     canonical: bool = option(False, "Feed the metanetwork scale-canonicalised graphs: every rescalable hidden neuron "
                              "gets unit-norm incoming weights (and a positive sum where signs may flip), the factor "
                              "pushed forward; one graph per function-preserving rescaling orbit.")

@@ -282,7 +282,7 @@ class GraphStream:
             order. With ``augment`` the cache holds the raw graphs and normalises on every serving.
     """
 
-    def __init__(self, con, selection: Selection, stats: LayerStats, chunk: int = 64, workers: int = 2,
+    def __init__(self, con, selection: Selection, stats: LayerStats, chunk: int = 1024, workers: int = 2,
                  prefetch: int = 4, cache_bytes: int = 2 << 30, raw: bool = False,
                  prepare: Callable[[NeuralGraph, list], NeuralGraph] | None = None,
                  augment: Callable[[NeuralGraph, list, np.random.Generator], NeuralGraph] | None = None,
@@ -335,34 +335,49 @@ class GraphStream:
 
     def batches(self, indices: Sequence[int], batch_size: int) -> Iterator[tuple[np.ndarray, list]]:
         """Yield (indices, graphs) batches in the order given (training shuffles and shards with
-        ``jobs.training.distributed.shard``); chunks are read ahead by worker threads."""
+        ``jobs.training.distributed.shard``). Worker threads read ahead a chunk of consecutive
+        batches (at least ``chunk`` models) per DuckDB query: a query's cost grows with the catalog
+        (a batch's models are spread over every part), so one query per batch made a 30,000-model
+        catalog stream at half the speed of a 3,000-model one."""
         idx = np.array(indices, dtype=np.int64)
         groups = [idx[i:i + batch_size] for i in range(0, len(idx), batch_size)]
         if not groups:
             return
-        out: "queue.Queue" = queue.Queue(maxsize=max(self.prefetch, 1))
+        per_chunk = max(1, self.chunk // max(batch_size, 1))
+        out: "queue.Queue" = queue.Queue(maxsize=max(self.prefetch, per_chunk))
         todo: "queue.Queue" = queue.Queue()
-        for k, grp in enumerate(groups):
-            todo.put((k, grp))
+        for k in range(0, len(groups), per_chunk):
+            todo.put(list(range(k, min(k + per_chunk, len(groups)))))
         results: dict[int, tuple] = {}
         stop = threading.Event()
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.2)
+                    return True
+                except queue.Full:
+                    continue
+            return False
 
         def work():
             while not stop.is_set():
                 try:
-                    k, grp = todo.get_nowait()
+                    ks = todo.get_nowait()
                 except queue.Empty:
                     return
                 try:
-                    item = (k, grp, self._build(grp.tolist()), None)
+                    members = np.concatenate([groups[k] for k in ks]).tolist()
+                    graphs = self._build(members)
+                    items, at = [], 0
+                    for k in ks:
+                        items.append((k, groups[k], graphs[at:at + len(groups[k])], None))
+                        at += len(groups[k])
                 except Exception as exc:  # surfaced in the consumer
-                    item = (k, grp, None, exc)
-                while not stop.is_set():
-                    try:
-                        out.put(item, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
+                    items = [(ks[0], groups[ks[0]], None, exc)]
+                for item in items:
+                    if not put(item):
+                        return
 
         threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, self.workers))]
         for t in threads:

@@ -42,7 +42,7 @@ def test_stream_gives_the_same_graphs_with_and_without_cache(catalog_dir):
     stats = layer_stats(con, sel.ids("train"))
     idx = list(range(len(sel.model_ids)))
     cached = GraphStream(con, sel, stats, chunk=8, workers=2)
-    plain = GraphStream(con, sel, stats, chunk=8, workers=3, cache_bytes=0)
+    plain = GraphStream(con, sel, stats, chunk=20, workers=3, cache_bytes=0)     # 2 batches of 8 per query
     seen = []
     for (i1, g1), (i2, g2) in zip(cached.batches(idx, 8), plain.batches(idx, 8)):
         assert list(i1) == list(i2)
@@ -53,6 +53,23 @@ def test_stream_gives_the_same_graphs_with_and_without_cache(catalog_dir):
     assert seen == idx
     again = [i for batch, _ in cached.batches(shard(idx, DistContext(), seed=1), 8) for i in batch]
     assert sorted(again) == idx and again != idx
+
+
+def test_stream_reads_several_batches_per_query(catalog_dir, monkeypatch):
+    """``chunk`` models per DuckDB query (a query's cost grows with the catalog): 5 batches of 6
+    models with chunk 18 take 2 queries (3 batches, then 2), and come out in order, the last one short."""
+    import jobs.training.data as data
+
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
+    stats = layer_stats(con, sel.ids("train"))
+    queries = []
+    real = data.read_graphs
+    monkeypatch.setattr(data, "read_graphs", lambda con, ids, **kw: queries.append(len(ids)) or real(con, ids, **kw))
+    idx = list(range(27))
+    out = list(GraphStream(con, sel, stats, chunk=18, workers=2, cache_bytes=0).batches(idx, 6))
+    assert [list(i) for i, _ in out] == [idx[k:k + 6] for k in range(0, 27, 6)]
+    assert [len(g) for _, g in out] == [6, 6, 6, 6, 3] and sorted(queries) == [9, 18]
 
 
 def test_fewer_training_models_are_nested_and_leave_validation_and_test_alone(catalog_dir):

@@ -73,15 +73,16 @@ def test_predict_applies_the_saved_metanetwork_to_new_models(trained, tmp_path):
                        [report.run_id + "-predict-%"]).fetchone()
     assert rows == (4, 4)
     # the run's answer is the blend it saved, rebuilt from the metanetwork and the refitted baseline
-    weight = json.loads(Catalog(root).read_artifact(report.run_id, "stack.json"))["weight"]
+    saved = json.loads(Catalog(root).read_artifact(report.run_id, "stack.json"))
+    weight, partners = saved["weight"], saved["partners"]
     run_id, method = con.execute("SELECT run_id, method FROM runs WHERE run_id LIKE ?",
                                  [report.run_id + "-predict-%"]).fetchone()
     assert method == "ngnn+statnn+statnn_mlp"
     by = {m: dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = ?",
-                              [run_id, m]).fetchall()) for m in (method, "ngnn", "statnn", "statnn_mlp")}
+                              [run_id, m]).fetchall()) for m in (method, "ngnn", *partners)}
     assert len(by[method]) == 4
     for mid, p in by[method].items():
-        stats = (by["statnn"][mid] + by["statnn_mlp"][mid]) / 2
+        stats = np.mean([by[name][mid] for name in partners])
         assert p == pytest.approx(weight * by["ngnn"][mid] + (1 - weight) * stats)
 
 
