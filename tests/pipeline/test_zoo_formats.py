@@ -116,6 +116,7 @@ def test_a_format_option_the_zoo_does_not_take_is_refused_by_name(tmp_path, smal
     assert res.exit_code == 1 and "--steps does not apply to a zoo of format 'hf-folders'" in res.output
 
 
+@pytest.mark.slow          # trains a metanetwork / builds transformers
 def test_small_cnn_zoo_trains_end_to_end(tmp_path):
     from jobs.cli import main as jobs_cli
 
@@ -140,6 +141,7 @@ def hf_zoo(tmp_path_factory):
     return out, write_hf_zoo(out, n_per_arch=2, sharded=3, seed=1)
 
 
+@pytest.mark.slow          # trains a metanetwork / builds transformers
 def test_hugging_face_folders_ingest_and_rebuild_what_transformers_loads(hf_zoo, tmp_path):
     from pipeline.formats.hf_folders import ModelOutput, load_model
     from pipeline.checkpoints import read_json_object
@@ -213,6 +215,7 @@ def test_model_zoos_every_epoch_and_a_hostile_checkpoint(tmp_path):
     assert con.execute("SELECT count(*) FROM ingest_errors").fetchone()[0] == 1
 
 
+@pytest.mark.slow          # trains a metanetwork / builds transformers
 def test_model_zoos_train_end_to_end(tmp_path):
     from jobs.cli import main as jobs_cli
     from tests.fixtures.model_zoos import write_model_zoo
@@ -249,6 +252,7 @@ def test_hugging_face_folders_refuse_what_they_cannot_read_safely(tmp_path):
     assert "names no transformers model class" in res.output
 
 
+@pytest.mark.slow          # trains a metanetwork / builds transformers
 def test_hugging_face_folders_train_end_to_end(tmp_path):
     pytest.importorskip("transformers")
     from jobs.cli import main as jobs_cli
