@@ -165,6 +165,38 @@ def _cypher_attacks(cat: str) -> dict[str, list[str]]:
     return {k: ["graphstore", "cypher", "--catalog", cat, *(v if isinstance(v, list) else [v])] for k, v in cy.items()}
 
 
+def _format_attacks(work: Path, canaries: Path) -> dict[str, Path]:
+    """Zoos of the published formats (tests/fixtures) with a payload where the importer reads: a
+    Model Zoos checkpoint that is a TorchScript archive, a Small CNN Zoo ``weights.npy`` that is a
+    pickled object array, and a Hugging Face shard index naming a file outside the member folder."""
+    import numpy as np
+
+    from tests.fixtures.hf_zoo import write_hf_zoo
+    from tests.fixtures.model_zoos import write_model_zoo
+    from tests.fixtures.small_cnn_zoo import write_small_cnn_zoo
+    from tests.hostile.corpus import _ReducePayload, _torchscript_bytes
+
+    out = {}
+    mz = work / "formats" / "model_zoos"
+    write_model_zoo(mz, kind="CNN", n_models=2, epochs=(0, 1), seed=1)
+    next(mz.rglob("checkpoint_000001/checkpoints")).write_bytes(_torchscript_bytes(canaries / "model_zoos_ts"))
+    out["model_zoos_torchscript_checkpoint"] = mz
+    scz = work / "formats" / "small_cnn_zoo"
+    write_small_cnn_zoo(scz, n_runs=2, crashed_runs=0)
+    payload = np.empty(18, dtype=object)
+    payload[:] = [_ReducePayload(canaries / "small_cnn_zoo_pickle")] * 18
+    np.save(scz / "weights.npy", payload, allow_pickle=True)
+    out["small_cnn_zoo_pickled_weights"] = scz
+    hf = work / "formats" / "hf"
+    info = write_hf_zoo(hf, n_per_arch=1, archs=("vit",), sharded=1, seed=1)
+    index = hf / next(iter(info)) / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"] = {k: "../../../outside.safetensors" for k in doc["weight_map"]}
+    index.write_text(json.dumps(doc))
+    out["hf_shard_outside_its_folder"] = hf
+    return out
+
+
 def run_attacks(work: Path, progress=None) -> list[Outcome]:
     """Every attack, in its own process; see the module docstring."""
     env = setup(work)
@@ -202,6 +234,9 @@ def run_attacks(work: Path, progress=None) -> list[Outcome]:
                 (dst / a.path.with_suffix(".json").name).write_text(json.dumps({"architecture": MLP_SPEC}))
     attempt("ingest:hostile_zoo", ["pipeline", "ingest", str(hostile_zoo), "--catalog", str(work / "hostile-cat")],
             expect_refused=False)
+    # the published zoo formats, each with a payload where its own files would be read
+    for name, zoo in _format_attacks(work, canaries).items():
+        attempt(f"ingest:{name}", ["pipeline", "ingest", str(zoo), "--catalog", str(work / f"{name}-cat")])
     metrics = next(a for a in env["attacks"] if a.kind == "metrics")
     attempt("ingest:metrics_unterminated_quote", ["pipeline", "ingest", str(metrics.path.parent),
                                                   "--catalog", str(work / "metrics-cat")])
