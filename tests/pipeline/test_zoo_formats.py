@@ -269,3 +269,16 @@ def test_hugging_face_folders_train_end_to_end(tmp_path):
                                         "--layers", "1", "--batch-size", "4", "--no-baselines"])
     assert res.exit_code == 0, res.output
     assert duck.connect(tmp_path / "cat").execute("SELECT count(*) FROM predictions").fetchone()[0] == len(info)
+
+
+@pytest.mark.slow          # starts conversion processes
+def test_small_cnn_zoo_conversion_processes_give_the_same_models(small_zoo, tmp_path):
+    """The format is sent to spawned workers by name and options; each opens the matrix itself."""
+    zoo, _ = small_zoo
+    ids = []
+    for workers in ("1", "2"):
+        cat = tmp_path / f"cat{workers}"
+        res = _ingest(zoo, cat, "--workers", workers, "--no-graph")
+        assert res.exit_code == 0, res.output
+        ids.append(duck.connect(cat).execute("SELECT model_id, source_path FROM models ORDER BY 1").fetchall())
+    assert ids[0] == ids[1] and len(ids[0]) == 5
