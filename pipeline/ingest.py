@@ -133,7 +133,7 @@ def content_id(plan: Plan, state: dict[str, torch.Tensor], identity: str = "") -
 
 
 _CACHE: PlanCache | None = None
-_OPEN: dict[tuple, ZooFormat] = {}       # this process's open zoos (memory maps, parsed layouts)
+_OPEN: dict[tuple, ZooFormat] = {}       # a conversion worker's open zoos (open files, parsed layouts)
 
 
 def convert_one(fmt: ZooFormat, member: Member, metadata: dict[str, Any] | None) -> ModelRecord | ErrorRecord:
@@ -142,7 +142,6 @@ def convert_one(fmt: ZooFormat, member: Member, metadata: dict[str, Any] | None)
     global _CACHE
     if _CACHE is None:
         _CACHE = PlanCache()
-    fmt = _OPEN.setdefault(fmt.cache_key(), fmt)
     try:
         conv = fmt.convert(member, metadata or {}, _CACHE)
         params = sum(int(conv.state[k].numel()) for op in conv.plan.ops
@@ -156,8 +155,11 @@ def convert_one(fmt: ZooFormat, member: Member, metadata: dict[str, Any] | None)
 
 
 def _convert_star(args):
+    """In a worker of one ingest's pool: every job arrives with its own unpickled copy of the format,
+    so the first copy is kept and reused (the pool, and so this cache, ends with the ingest)."""
     torch.set_num_threads(1)
-    return convert_one(*args)
+    fmt, member, metadata = args
+    return convert_one(_OPEN.setdefault(fmt.cache_key(), fmt), member, metadata)
 
 
 # --------------------------------------------------------------------------- tables

@@ -2,6 +2,7 @@
 (tests/fixtures/, by helpers that never read the importer): detected, ingested, queried in SQL
 and Cypher, rebuilt from the catalog computing what the original network computed, trained on."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -282,3 +283,26 @@ def test_small_cnn_zoo_conversion_processes_give_the_same_models(small_zoo, tmp_
         assert res.exit_code == 0, res.output
         ids.append(duck.connect(cat).execute("SELECT model_id, source_path FROM models ORDER BY 1").fetchall())
     assert ids[0] == ids[1] and len(ids[0]) == 5
+
+
+def test_a_rewritten_zoo_is_read_afresh_in_the_same_process(tmp_path):
+    """Nothing of a zoo's files outlives its ingest in the calling process: rewritten in place
+    with other weights, the zoo ingests as the new models."""
+    from pipeline.ingest import ingest_zoo
+
+    zoo = tmp_path / "zoo"
+    write_small_cnn_zoo(zoo, n_runs=3, crashed_runs=0, seed=1)
+    first = ingest_zoo(zoo, tmp_path / "a", progress=False).model_ids
+    write_small_cnn_zoo(tmp_path / "new", n_runs=4, crashed_runs=0, seed=2)
+    for f in (tmp_path / "new").iterdir():          # replaced as a downloader does: new files renamed in
+        os.replace(f, zoo / f.name)
+    second = ingest_zoo(zoo, tmp_path / "b", progress=False)
+    assert second.ok and len(second.model_ids) == 4 and not set(first) & set(second.model_ids)
+    con = duck.connect(tmp_path / "b")
+    weights = np.load(zoo / "weights.npy")
+    mid, source, act = con.execute("SELECT model_id, source_path, config_activation FROM models LIMIT 1").fetchone()
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 28, 28, 1)).astype(np.float32)
+    want = reference_logits(weights[int(source.split("#")[1])], zoo / "layout.csv", act, x)
+    with torch.no_grad():
+        got = _rebuilt(con, mid)(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
