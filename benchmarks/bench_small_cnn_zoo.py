@@ -36,7 +36,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from graphstore.catalog import ROW_GROUP_ROWS
 cat = Path(sys.argv[1])
-files = sorted(p for p in cat.rglob("*.parquet") if "/parts/" in str(p) or "parts" in p.parts)
+files = sorted(p for p in cat.rglob("*.parquet") if "parts" in p.parts)
 tables = [(p.stem, pq.read_table(p)) for p in files]
 with tempfile.TemporaryDirectory(dir=cat.parent) as d:
     t0 = time.perf_counter()

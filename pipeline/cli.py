@@ -7,6 +7,7 @@ import click
 
 from graphstore.options import optional_store, store_options
 from pipeline.formats import FORMATS as ZOO_FORMATS
+from pipeline.formats.base import STEPS
 from zoocore.cli import FORMATS, catalog_option, echo_err, format_rows, timeout_option, translate_errors
 
 
@@ -82,7 +83,7 @@ def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas, settings):
                    "numbers): record it as null with a warning, or refuse the zoo before anything is written.")
 @click.option("--format", "fmt", type=click.Choice(list(ZOO_FORMATS)), default=None,
               help="The zoo's format (default: detected from the folder's files, and named in the report).")
-@click.option("--steps", type=click.Choice(["final", "all"]), default=None,
+@click.option("--steps", type=click.Choice(STEPS), default=None,
               help="Small CNN Zoo and Model Zoos: ingest each training run's final checkpoint (the default) or "
                    "every checkpoint, each its own model (step / epoch columns tell them apart).")
 @click.option("--padding", type=click.Choice(["valid", "same"]), default=None,

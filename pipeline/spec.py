@@ -113,16 +113,13 @@ def _make(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
         return cls(k, stride=layer.get("stride", k))
     if kind == "zeropad":
         pad = _get(layer, "padding", where)
-        if isinstance(pad, list):
-            pad = tuple(pad)
-        if not (isinstance(pad, int) or (isinstance(pad, tuple) and len(pad) == 4
-                                         and all(isinstance(p, int) for p in pad))) or min(
-                (pad,) if isinstance(pad, int) else pad) < 0:
+        sides = pad if isinstance(pad, list) and len(pad) == 4 else [pad]
+        if not all(isinstance(p, int) and p >= 0 for p in sides):
             raise SpecError(f"{where}: zeropad 'padding' is one int or [left, right, top, bottom], "
-                            f"non-negative; got {layer['padding']!r}")
+                            f"non-negative; got {pad!r}")
         if x.dim() != 4:
             raise SpecError(f"{where}: zeropad needs a (C, H, W) input, got shape {list(x.shape[1:])}")
-        return nn.ZeroPad2d(pad)
+        return nn.ZeroPad2d(tuple(sides) if len(sides) == 4 else pad)
     if kind == "adaptive_avgpool":
         cls = nn.AdaptiveAvgPool2d if x.dim() == 4 else nn.AdaptiveAvgPool1d
         return cls(_get(layer, "output_size", where))

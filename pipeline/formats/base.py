@@ -11,9 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from zoocore.errors import ZooGraphError
+
 if TYPE_CHECKING:       # the registry is read by the CLI, which must not import torch to list formats
     from pipeline.neural_graph.convert import Converted, PlanCache
     from pipeline.zoo_metadata import ZooMetadata
+
+STEPS = ("final", "all")     # --steps of the formats whose training runs hold several checkpoints
 
 
 @dataclass(frozen=True)
@@ -36,13 +40,11 @@ class ZooFormat:
     summary is in the registry, pipeline.formats.FORMATS)."""
 
     name: ClassVar[str]
-    options: ClassVar[dict[str, str]] = {}      # option name -> help, for formats that take any
+    options: ClassVar[tuple[str, ...]] = ()     # the format options it takes (pipeline ingest's flags)
 
     def __init__(self, zoo_dir: str | Path, **options: Any):
         unknown = sorted(set(options) - set(self.options))
         if unknown:
-            from zoocore.errors import ZooGraphError
-
             flag = "--" + unknown[0].replace("_", "-")
             takes = ", ".join("--" + o.replace("_", "-") for o in sorted(self.options))
             raise ZooGraphError(f"{flag} does not apply to a zoo of format {self.name!r}"
@@ -50,8 +52,15 @@ class ZooFormat:
         self.zoo_dir = Path(zoo_dir)
         self.settings = options
 
+    @staticmethod
+    def choice(option: str, value: Any, choices: tuple[str, ...]) -> Any:
+        """``value`` if it is one of ``choices``, else ZooGraphError naming the flag."""
+        if value not in choices:
+            raise ZooGraphError(f"--{option} must be one of {', '.join(choices)}, not {value!r}")
+        return value
+
     def cache_key(self) -> tuple:
-        """Equal for equal formats: a worker keeps one open object per key (its memory maps,
+        """Equal for equal formats: a worker keeps one open object per key (its open files,
         parsed layouts) across the members it converts."""
         return (type(self).__name__, str(self.zoo_dir.resolve()), tuple(sorted(self.settings.items())))
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from pipeline import torch_archive
 from pipeline.checkpoints import MAX_SIDECAR_BYTES, read_json_object
-from pipeline.formats.base import Member, ZooFormat
+from pipeline.formats.base import STEPS, Member, ZooFormat
 from pipeline.neural_graph.convert import Converted, PlanCache, convert_state_dict
 from pipeline.zoo_metadata import ZooMetadata, table_rows
 from zoocore.errors import CheckpointError, ZooGraphError
@@ -98,13 +98,11 @@ def spec_for(kind: str, channels: int, layers: list[tuple[int, tuple[int, ...], 
 
 class ModelZoos(ZooFormat):
     name = "model-zoos"
-    options = {"steps": "final (each model's last checkpoint) or all (every checkpoint)"}
+    options = ("steps",)
 
     def __init__(self, zoo_dir, steps: str = "final"):
         super().__init__(zoo_dir, steps=steps)
-        if steps not in ("final", "all"):
-            raise ZooGraphError(f"--steps must be final or all, not {steps!r}")
-        self.steps = steps
+        self.steps = self.choice("steps", steps, STEPS)
 
     @classmethod
     def detect(cls, zoo_dir: Path) -> bool:
@@ -127,18 +125,19 @@ class ModelZoos(ZooFormat):
 
     def metadata(self, members, all_members, established, on_bad_value) -> ZooMetadata:
         records: dict[str, dict[str, Any]] = {}
-        results: dict[Path, dict[int, dict[str, Any]]] = {}
+        trials: dict[Path, tuple[dict[str, Any], dict[int, dict[str, Any]]]] = {}   # params, results: read once
         sentinels = 0
         for m in all_members:
             ckpt = self.zoo_dir / m.key
             trial, epoch = ckpt.parent.parent, int(_CHECKPOINT.match(ckpt.parent.name).group(1))
-            try:
-                params = read_json_object(trial / "params.json", "params.json")
-            except Exception:       # reported with the member's conversion
-                params = {}
-            if trial not in results:
-                results[trial] = results_by_epoch(trial)
-            res = {k: v for k, v in results[trial].get(epoch, {}).items()
+            if trial not in trials:
+                try:
+                    params = read_json_object(trial / "params.json", "params.json")
+                except Exception:       # reported with the member's conversion
+                    params = {}
+                trials[trial] = (params, results_by_epoch(trial))
+            params, results = trials[trial]
+            res = {k: v for k, v in results.get(epoch, {}).items()
                    if k in ("test_acc", "train_acc", "test_loss", "train_loss", "val_acc", "val_loss")}
             sentinels += sum(v == SENTINEL for v in res.values())
             res = {k: (None if v == SENTINEL else v) for k, v in res.items()}

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.formats.base import Member, ZooFormat
+from pipeline.formats.base import STEPS, Member, ZooFormat
 from pipeline.neural_graph.convert import Converted, PlanCache, convert_state_dict
 from pipeline.zoo_metadata import ZooMetadata, parse_cell, table_rows
 from zoocore.errors import CheckpointError, ZooGraphError
@@ -44,7 +44,6 @@ FILES = ("weights.npy", "layout.csv", "metrics.csv.gz")
 SIDES = {"mnist": 28, "fashion_mnist": 28, "cifar10": 32, "svhn_cropped": 32, "svhn": 32}
 ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "elu": "elu", "linear": "identity",
                "identity": "identity", "gelu": "gelu", "swish": "silu", "silu": "silu", "relu6": "relu6"}
-STEPS = ("final", "all")
 PADDINGS = ("valid", "same")
 
 
@@ -224,20 +223,14 @@ class NpyRows:
 # --------------------------------------------------------------------------- the format
 class SmallCNNZoo(ZooFormat):
     name = "small-cnn-zoo"
-    options = {"steps": "final (each run's step == config.epochs checkpoint) or all (every checkpoint)",
-               "input_side": "image side when config.dataset is not one of " + ", ".join(sorted(SIDES)),
-               "padding": "the convolutions' TensorFlow padding: valid (the published zoo's, Keras' default) "
-                          "or same"}
+    options = ("steps", "input_side", "padding")
 
     def __init__(self, zoo_dir, steps: str = "final", input_side: int | None = None, padding: str = "valid"):
         super().__init__(zoo_dir, steps=steps, input_side=input_side, padding=padding)
-        if steps not in STEPS:
-            raise ZooGraphError(f"--steps must be one of {', '.join(STEPS)}, not {steps!r}")
-        if padding not in PADDINGS:
-            raise ZooGraphError(f"--padding must be one of {', '.join(PADDINGS)}, not {padding!r}")
-        self.steps, self.input_side, self.padding = steps, input_side, padding
+        self.steps, self.padding = self.choice("steps", steps, STEPS), self.choice("padding", padding, PADDINGS)
+        self.input_side = input_side
         self._rows: dict[str, dict[str, Any]] = {}      # member key -> raw metrics row (main process only)
-        self._weights = None                            # the memory map, opened once per process
+        self._weights = None                            # weights.npy's rows (NpyRows), opened once per process
         self._layers: list[dict[str, Any]] | None = None
         self._specs: dict[tuple[int, str], tuple[dict, list[str]]] = {}
 

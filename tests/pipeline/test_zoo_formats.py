@@ -11,10 +11,8 @@ from click.testing import CliRunner
 
 from graphstore import duck
 from graphstore.cli import main as graphstore_cli
+from jobs.analysis.catalog_models import load_model
 from pipeline.cli import main as pipeline_cli
-from pipeline.graph_codec import read_graphs
-from pipeline.neural_graph.build import state_dict_from_graph
-from pipeline.spec import build_module
 from tests.fixtures.small_cnn_zoo import reference_logits, write_small_cnn_zoo
 
 
@@ -30,11 +28,7 @@ def _cypher(cat, query):
 
 def _rebuilt(con, model_id):
     """The network rebuilt from the catalog alone: its spec and the graph's exact inverse."""
-    spec, = con.execute("SELECT a.spec_json FROM models m JOIN architectures a USING (architecture_id) "
-                        "WHERE m.model_id = ?", [model_id]).fetchone()
-    net = build_module(json.loads(spec))
-    net.load_state_dict(state_dict_from_graph(read_graphs(con, [model_id])[0]))
-    return net.eval()
+    return load_model(con, model_id).module()
 
 
 # --------------------------------------------------------------------------- Small CNN Zoo
@@ -144,7 +138,7 @@ def hf_zoo(tmp_path_factory):
 
 @pytest.mark.slow          # trains a metanetwork / builds transformers
 def test_hugging_face_folders_ingest_and_rebuild_what_transformers_loads(hf_zoo, tmp_path):
-    from pipeline.formats.hf_folders import ModelOutput, load_model
+    from pipeline.formats.hf_folders import ModelOutput, load_model as hf_network
     from pipeline.checkpoints import read_json_object
     from tests.fixtures.hf_zoo import example_inputs, load_reference
 
@@ -158,9 +152,9 @@ def test_hugging_face_folders_ingest_and_rebuild_what_transformers_loads(hf_zoo,
     for mid, folder, _ in rows:
         ref = load_reference(zoo / folder)
         # rebuilt from the catalog: the class's fresh network given the graph's exact inverse
-        net = load_model(zoo / folder, read_json_object(zoo / folder / "config.json"))
+        net = hf_network(zoo / folder, read_json_object(zoo / folder / "config.json"))
         torch.nn.init.zeros_(next(net.parameters()))
-        ModelOutput(net).load_state_dict(state_dict_from_graph(read_graphs(con, [mid])[0]))
+        ModelOutput(net).load_state_dict(load_model(con, mid).state_dict())
         x = next(iter(example_inputs(info[folder]["arch"]).values()))
         with torch.no_grad():
             want, got = ref(x, return_dict=False)[0], net(x, return_dict=False)[0]
