@@ -58,3 +58,25 @@ def load_model(con, model_id: str) -> CatalogModel:
     graph, = read_graphs(con, [model_id], plans={arch: plan})
     return CatalogModel(model_id, arch, checkpoint, plan, json.loads(spec_json) if spec_json else None,
                         graph.validate(), json.loads(metadata_json or "{}"))
+
+
+def plan_of(con, model_id: str) -> Plan:
+    """The plan of ``model_id``'s architecture."""
+    row = con.execute("SELECT a.plan_json FROM models m JOIN architectures a USING (architecture_id) "
+                      "WHERE m.model_id = ?", [model_id]).fetchone()
+    if row is None:
+        raise JobError(f"no model {model_id!r} in the catalog")
+    return Plan.from_json(row[0])
+
+
+def catalog_state_dicts(con, ids, chunk: int = 256):
+    """(model_id, architecture spec or None, state dict) of ``ids`` in order, rebuilt from the catalog's
+    nodes and edges (bit-exact for float32 weights), read ``chunk`` models at a time."""
+    specs = {a: json.loads(s) if s else None for a, s in con.execute(
+        "SELECT architecture_id, spec_json FROM architectures").fetchall()}
+    arch_of = dict(con.execute("SELECT model_id, architecture_id FROM models").fetchall())
+    plans: dict = {}
+    for start in range(0, len(ids), chunk):
+        part = list(ids[start:start + chunk])
+        for mid, graph in zip(part, read_graphs(con, part, plans=plans)):
+            yield mid, specs[arch_of[mid]], state_dict_from_graph(graph)

@@ -2,7 +2,11 @@
 
 - ``metanetwork``: trained on streamed neural graphs by jobs.training.train (jobs.metanets builds them).
 - ``tabular``: one feature row per model into a learner tuned on validation (jobs.predictors.tabular).
+- ``weightspace``: a network trained on the weights of one parameter shape (jobs.predictors.nfn;
+  the optional extra ``peers``).
 
+The tabular and weight-space ones share one interface: ``fit(con, sel)``, ``predict(con, ids)``,
+``save()`` / ``load(state, arrays)`` (JSON plus safetensors, nothing pickled).
 ``jobs train-heterognn --model NAME`` trains any of them as the run's answer; the tabular ones
 also run beside every metanetwork as its baselines; ``jobs predict`` rebuilds any of them from
 the run; ``benchmarks/bench_accuracy.py`` iterates over this table. Adding a predictor is one
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Entry:
-    family: str          # metanetwork | tabular
+    family: str          # metanetwork | tabular | weightspace
     path: str            # module:class
     summary: str         # one line for --help
     stack: bool = False  # a statistics predictor: the mean of these is blended into a metanetwork's answer
@@ -31,6 +35,8 @@ PREDICTORS = {
     "statnn_mlp": Entry("tabular", "jobs.predictors.tabular:StatNNMLP", "StatNN: weight statistics into an MLP", stack=True),
     "flat_mlp": Entry("tabular", "jobs.predictors.tabular:FlatMLP", "an MLP on all weights (one parameter shape only)"),
     "statnn_ridge": Entry("tabular", "jobs.predictors.statnn_ridge:StatNNRidge", "StatNN: weight statistics into ridge regression"),
+    "nfn_np": Entry("weightspace", "jobs.predictors.nfn:NFNNP", "NFN with NP layers (one parameter shape; extra 'peers')"),
+    "nfn_hnp": Entry("weightspace", "jobs.predictors.nfn:NFNHNP", "NFN with HNP layers (one parameter shape; extra 'peers')"),
 }
 
 
@@ -52,10 +58,10 @@ def predictor_class(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
-def tabular_predictor(name: str, seed: int = 0):
-    """A fresh, unfitted tabular predictor (jobs.predictors.tabular.TabularPredictor)."""
-    if entry(name).family != "tabular":
-        raise ValueError(f"{name!r} is a {entry(name).family}, not a tabular predictor")
+def fitted_predictor(name: str, seed: int = 0):
+    """A fresh, unfitted predictor that is fitted on a split (a tabular or weight-space one)."""
+    if entry(name).family == "metanetwork":
+        raise ValueError(f"{name!r} is a metanetwork, not a predictor fitted on a split")
     return predictor_class(name)(seed)
 
 

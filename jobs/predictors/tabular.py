@@ -186,14 +186,18 @@ class FlatMLP(TabularPredictor):
 
 
 def fit_all(con, sel: Selection, names: Sequence[str], seed: int = 0) -> dict[str, tuple[TabularPredictor, Prediction]]:
-    """These tabular predictors (jobs.predictors names) fitted on one selection; predictors that
-    read the same features with the same settings (StatNN's two learners) read them once."""
-    from jobs.predictors import tabular_predictor
+    """These predictors (jobs.predictors names, tabular or weight-space) fitted on one selection;
+    tabular ones that read the same features with the same settings (StatNN's two learners) read
+    them once."""
+    from jobs.predictors import fitted_predictor
 
     read: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     out = {}
     for name in names:
-        p = tabular_predictor(name, seed)
+        p = fitted_predictor(name, seed)
+        if not isinstance(p, TabularPredictor):
+            out[name] = (p, p.fit(con, sel))
+            continue
         p.settings = p.settle(con, sel)
         out[name] = (p, p.fit(con, sel, _read_once(read, p, con, sel.model_ids), p.settings))
     return out

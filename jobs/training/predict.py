@@ -25,7 +25,7 @@ from zoocore.errors import JobError
 def predict(catalog: Catalog | str, run_id: str, where: str | None = None, device: str = "cpu", store=None,
             batch_size: int = 64) -> PredictReport:
     """Apply a run's trained predictor to the models matching ``where`` (targets need not be known):
-    its metanetwork (blended with its baseline when the run blended them) or its tabular predictor."""
+    its metanetwork (blended with its baseline when the run blended them) or its fitted predictor."""
     catalog = (catalog if isinstance(catalog, Catalog) else Catalog(catalog)).require()
     require_run(catalog, run_id)
     if catalog.read_artifact(run_id, "metanet.json") is None:

@@ -61,8 +61,8 @@ PREDICTOR_FORMAT = "zoograph.predictor/1"
 
 
 def predictor_files(stem: str, predictor) -> dict[str, bytes]:
-    """``{"<stem>.json", "<stem>.safetensors"}`` of a fitted tabular predictor (jobs.predictors.tabular): its
-    JSON state and its training rows; ``read_predictor`` refits it from them."""
+    """``{"<stem>.json", "<stem>.safetensors"}`` of a fitted tabular or weight-space predictor (jobs.predictors):
+    its JSON state and its arrays (a tabular one's training rows, a weight-space one's network); ``read_predictor`` refits it from them."""
     import json
 
     from safetensors.numpy import save
@@ -73,7 +73,7 @@ def predictor_files(stem: str, predictor) -> dict[str, bytes]:
 
 
 def read_predictor(catalog: Catalog, run_id: str, stem: str):
-    """The tabular predictor saved as ``stem`` in a run's artifacts, refitted; None when the run
+    """The tabular or weight-space predictor saved as ``stem`` in a run's artifacts, rebuilt; None when the run
     saved none under that name."""
     import json
 
@@ -87,8 +87,8 @@ def read_predictor(catalog: Catalog, run_id: str, stem: str):
         state = json.loads(raw)
         if not isinstance(state, dict) or state.get("format") != PREDICTOR_FORMAT:
             raise ValueError(f"not a {PREDICTOR_FORMAT} file")
-        if entry(state["name"]).family != "tabular":
-            raise ValueError(f"{state['name']!r} is not a tabular predictor")
+        if entry(state["name"]).family == "metanetwork":
+            raise ValueError(f"{state['name']!r} is a metanetwork, not a predictor fitted on a split")
         data = catalog.read_artifact(run_id, f"{stem}.safetensors")
         if data is None:
             raise ValueError(f"{stem}.safetensors is missing")

@@ -132,8 +132,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         family = entry(cfg.model).family
     except ValueError as exc:
         raise JobError(str(exc)) from None
-    if family == "tabular":
-        return train_tabular(catalog, cfg, store)
+    if family != "metanetwork":
+        return train_fitted(catalog, cfg, store)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     ctx, device = init_from_env(cfg.device)
@@ -217,9 +217,9 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     return report
 
 
-def train_tabular(catalog: Catalog, cfg: TrainConfig, store=None) -> RunReport:
-    """A run whose answer is the tabular predictor ``cfg.model`` (jobs.predictors.tabular), with the other
-    tabular predictors beside it when ``cfg.baselines``; saved so that ``jobs predict`` refits it."""
+def train_fitted(catalog: Catalog, cfg: TrainConfig, store=None) -> RunReport:
+    """A run whose answer is the tabular or weight-space predictor ``cfg.model`` (jobs.predictors), with
+    the tabular predictors beside it when ``cfg.baselines``; saved so that ``jobs predict`` rebuilds it."""
     started = time.perf_counter()
     con = duck.connect(catalog)
     try:

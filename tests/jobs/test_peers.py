@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 
 from graphstore import duck
 from pipeline.graph_codec import read_graphs
-from jobs.predictors import peers
+from jobs.analysis.catalog_models import catalog_state_dicts, plan_of
+from jobs.predictors import nfn, peers
 from jobs.predictors.baselines import flat_weights
 from pipeline.ingest import ingest_zoo
 from pipeline.neural_graph.build import state_dict_from_graph
@@ -35,7 +36,7 @@ def fixed(tmp_path_factory):
 def _states(catalog, ids):
     con = duck.connect(catalog)
     try:
-        return [s for _, _, s in peers.catalog_state_dicts(con, ids, chunk=4)]
+        return [s for _, _, s in catalog_state_dicts(con, ids, chunk=4)]
     finally:
         con.close()
 
@@ -51,10 +52,19 @@ def test_catalog_state_dicts_are_the_checkpoints(fixed):
         assert all(torch.equal(state[k], ckpt[k]) for k in ckpt)
 
 
+def _layout(catalog, model_id):
+    con = duck.connect(catalog)
+    try:
+        return nfn.nfn_layout(plan_of(con, model_id))
+    finally:
+        con.close()
+
+
 def test_nfn_layout_treats_the_pooled_linear_head_as_a_2x2_conv(fixed):
+    """Read off the plan (so .pt2 zoos work too): the head after 2x2 pooling is a 2x2 kernel."""
     catalog, _, ids, spec = fixed
     states = _states(catalog, ids)
-    weights, biases = peers.nfn_arrays(spec, states)
+    weights, biases = nfn.weight_arrays(_layout(catalog, ids[0]), states)
     assert [w.shape for w in weights] == [(N, 1, 8, 1, 3, 3), (N, 1, 8, 8, 3, 3), (N, 1, 8, 8, 3, 3),
                                           (N, 1, 10, 8, 2, 2)]
     assert [b.shape for b in biases] == [(N, 1, 8)] * 3 + [(N, 1, 10)]
@@ -66,6 +76,26 @@ def test_nfn_layout_treats_the_pooled_linear_head_as_a_2x2_conv(fixed):
         assert np.array_equal(weights[3][i, 0].reshape(10, 32), lin)
     total = sum(w[0].size for w in weights) + sum(b[0].size for b in biases)
     assert total == sum(v.numel() for v in states[0].values())
+
+
+def test_nfn_refuses_what_it_cannot_read_by_name():
+    """Norms, residuals and bias-free layers are not in NFN's weight space: named, before any training."""
+    from torch import nn as tnn
+
+    from pipeline.neural_graph.plan import plan_from_module
+
+    x = torch.zeros(1, 1, 8, 8)
+    cases = [(tnn.Sequential(tnn.Conv2d(1, 4, 3), tnn.BatchNorm2d(4), tnn.ReLU(), tnn.Flatten(), tnn.Linear(144, 3)),
+              "this architecture has a batch_norm operation"),
+             (tnn.Sequential(tnn.Conv2d(1, 4, 3, bias=False), tnn.ReLU(), tnn.Flatten(), tnn.Linear(144, 3)),
+              r"with biases only; the conv operation \S+ has none")]
+    for net, says in cases:
+        with pytest.raises(peers.JobError, match=says):
+            nfn.nfn_layout(plan_from_module(net.eval(), x))
+    # a plain chain reads: a linear layer after a 6x6 map is a 6x6 kernel over 4 channels
+    layout = nfn.nfn_layout(plan_from_module(tnn.Sequential(tnn.Conv2d(1, 4, 3), tnn.ReLU(), tnn.Flatten(),
+                                                            tnn.Linear(144, 3)).eval(), x))
+    assert [la.shape for la in layout] == [(4, 1, 3, 3), (3, 4, 6, 6)]
 
 
 def test_flat_weights_hold_every_parameter_once(fixed):
@@ -101,19 +131,21 @@ def test_nfn_predictions_are_invariant_to_hidden_permutations(fixed, mode):
     pytest.importorskip("nfn")
     nfn_common = pytest.importorskip("nfn.common")
     catalog, _, ids, spec = fixed
-    weights, biases = peers.nfn_arrays(spec, _states(catalog, ids))
-    pweights, pbiases = peers.nfn_arrays(spec, _permuted_states(catalog, ids, seed=1))
+    layout = _layout(catalog, ids[0])
+    weights, biases = nfn.weight_arrays(layout, _states(catalog, ids))
+    pweights, pbiases = nfn.weight_arrays(layout, _permuted_states(catalog, ids, seed=1))
     flat = lambda ws: np.concatenate([w.reshape(N, -1) for w in ws], 1)  # noqa: E731
     assert not np.allclose(flat(weights), flat(pweights))            # the permutation moved weights ...
     rows = np.arange(N)
-    net_spec = nfn_common.network_spec_from_wsfeat(peers.wsfeat(weights, biases, rows[:1]))
+    net_spec = nfn_common.network_spec_from_wsfeat(nfn.wsfeat(weights, biases, rows[:1]))
+    assert str(net_spec) == str(nfn.network_spec(layout))
     torch.manual_seed(0)
-    model = peers.nfn_predictor(net_spec, mode, (8, 4), head=32).eval()
+    model = nfn.nfn_predictor(net_spec, mode, (8, 4), head=32).eval()
     with torch.no_grad():
-        a = model(peers.wsfeat(weights, biases, rows))
-        b = model(peers.wsfeat(pweights, pbiases, rows))
+        a = model(nfn.wsfeat(weights, biases, rows))
+        b = model(nfn.wsfeat(pweights, pbiases, rows))
         # ... and a network with other weights is told apart
-        c = model(peers.wsfeat([w * 1.5 for w in weights], biases, rows))
+        c = model(nfn.wsfeat([w * 1.5 for w in weights], biases, rows))
     assert a.shape == (N,) and bool(((a > 0) & (a < 1)).all())
     rel = float((a - b).abs().max() / a.abs().max())
     assert rel < 1e-5

@@ -8,23 +8,25 @@ from click.testing import CliRunner
 
 from graphstore import duck
 from graphstore.catalog import Catalog
-from jobs.predictors import PREDICTORS, entry, names, predictor_class, tabular_predictor
+from jobs.predictors import PREDICTORS, entry, names, predictor_class, fitted_predictor
 
 
 def test_every_entry_names_a_class_of_its_family():
     from jobs.metanets.ngnn import NGGNN
+    from jobs.predictors.nfn import NFN
     from jobs.predictors.tabular import TabularPredictor
 
+    base = {"metanetwork": NGGNN, "tabular": TabularPredictor, "weightspace": NFN}
     for name, e in PREDICTORS.items():
         cls = predictor_class(name)
-        assert issubclass(cls, NGGNN if e.family == "metanetwork" else TabularPredictor), name
-        if e.family == "tabular":
+        assert issubclass(cls, base[e.family]), name
+        if e.family != "metanetwork":
             assert cls.name == name
-    assert set(names("metanetwork")) | set(names("tabular")) == set(PREDICTORS)
+    assert set(names("metanetwork")) | set(names("tabular")) | set(names("weightspace")) == set(PREDICTORS)
     with pytest.raises(ValueError, match="unknown predictor 'ridge'"):
         entry("ridge")
-    with pytest.raises(ValueError, match="not a tabular predictor"):
-        tabular_predictor("ngnn")
+    with pytest.raises(ValueError, match="'ngnn' is a metanetwork, not a predictor fitted on a split"):
+        fitted_predictor("ngnn")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n != "statnn" else n
@@ -40,7 +42,7 @@ def test_a_tabular_predictor_saved_and_loaded_predicts_the_same(catalog_dir, nam
         # the cnn zoo holds many shapes, the mlp zoo one per data set: the flat MLP reads its commonest
         sel = select_models(con, "test_accuracy", "zoo = 'mlp'" if name == "flat_mlp" else "zoo = 'cnn'",
                             catalog=catalog_dir)
-        p = tabular_predictor(name, seed=3)
+        p = fitted_predictor(name, seed=3)
         fitted = p.fit(con, sel)
         if not fitted.applicable.any():
             pytest.skip(f"{name}: {fitted.note}")
@@ -95,7 +97,7 @@ def test_a_tampered_predictor_file_is_refused_in_one_line(catalog_copy):
     con.close()
     path = cat.artifacts_dir / run_id / "predictor.json"
     good = json.loads(path.read_text())
-    for bad, says in ((dict(good, name="ngnn"), "not a tabular predictor"),
+    for bad, says in ((dict(good, name="ngnn"), "is a metanetwork, not a predictor fitted on a split"),
                       (dict(good, columns=good["columns"][:-1]), "training rows of shape"),
                       (dict(good, format="zoograph.predictor/99"), "not a zoograph.predictor/1 file")):
         path.write_text(json.dumps(bad))
@@ -130,3 +132,41 @@ def test_a_collapsed_statistics_learner_is_left_out_of_the_blend():
     assert tau < task.score(task.metrics(y, good)) - COLLAPSED
     assert healthy(task, y, {"statnn": good, "statnn_mlp": noise}) == ["statnn"]
     assert healthy(task, y, {"statnn_mlp": noise}) == ["statnn_mlp"]          # never empty
+
+
+def test_nfn_trains_as_a_run_and_predict_rebuilds_it(catalog_copy):
+    """`--model nfn_hnp` is a run like `--model statnn`: NFN on the commonest parameter shape of the
+    selection (NaN elsewhere), saved as JSON plus safetensors, and `jobs predict` rebuilds the
+    network and gives the same answers."""
+    pytest.importorskip("nfn")
+    from jobs.cli import main
+    from jobs.predictors.baselines import parameter_shapes
+
+    # the CNN zoo's models differ in shape, the MLP zoo's share one: NFN reads the MLPs
+    res = CliRunner().invoke(main, ["train-heterognn", "--catalog", str(catalog_copy), "--model", "nfn_hnp",
+                                    "--no-baselines"])
+    assert res.exit_code == 0, res.output
+    assert "nfn_hnp" in res.output and "chosen on val: lr=" in res.output
+    con = duck.connect(catalog_copy)
+    run_id, method = con.execute("SELECT run_id, method FROM runs").fetchone()
+    mine = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE method = 'nfn_hnp'").fetchall())
+    ids = sorted(mine)
+    shapes = dict(zip(ids, parameter_shapes(con, ids)))
+    con.close()
+    assert method == "nfn_hnp"
+    read = {m for m, v in mine.items() if v is not None and np.isfinite(v)}
+    assert read and len({shapes[m] for m in read}) == 1            # one parameter shape read ...
+    assert len(set(shapes.values())) > 1 and read != set(mine)     # ... of several, the others left NaN
+    assert all(0 < mine[m] < 1 for m in read)                      # a sigmoid: an accuracy
+    files = Catalog(catalog_copy).artifacts_dir / run_id
+    assert {"predictor.json", "predictor.safetensors"} <= {p.name for p in files.iterdir()}
+    res = CliRunner().invoke(main, ["predict", "--catalog", str(catalog_copy), "--run", run_id])
+    assert res.exit_code == 0, res.output
+    con = duck.connect(catalog_copy)
+    zoo = dict(con.execute("SELECT model_id, zoo FROM models").fetchall())
+    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id LIKE ? AND method = 'nfn_hnp'",
+                             [run_id + "-predict-%"]).fetchall())
+    con.close()
+    assert {zoo[m] for m in read} == {"mlp"}
+    assert {m for m, v in again.items() if v is not None and np.isfinite(v)} == read
+    assert all(again[m] == pytest.approx(mine[m], rel=1e-5) for m in read)
