@@ -8,6 +8,7 @@ import click
 from graphstore.options import optional_store, store_options
 from pipeline.formats import FORMATS as ZOO_FORMATS
 from pipeline.formats.base import STEPS
+from pipeline.zoo import CHECKPOINT_FORMATS, KINDS
 from zoocore.cli import FORMATS, catalog_option, echo_err, format_rows, timeout_option, translate_errors
 
 
@@ -39,12 +40,13 @@ def zoo():
     """Generate model zoos of real trained networks (data from scikit-learn, nothing downloaded)."""
 
 
-@zoo.command("make")
-@click.argument("kind", type=click.Choice(["cnn", "cnn-fixed", "mlp", "inr", "mlp-equivariant"]))
+@zoo.command("make", help="Train a zoo of KIND (" + "; ".join(f"{k}: {v}" for k, v in KINDS.items()) + ") into "
+             "OUT_DIR. Models already in OUT_DIR are kept, so an interrupted run resumes.")
+@click.argument("kind", type=click.Choice(list(KINDS)))
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--n", "n", type=click.IntRange(min=1), default=100, show_default=True, help="Number of models.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Zoo seed; the same seed gives the same zoo.")
-@click.option("--format", "fmt", type=click.Choice(["safetensors", "pt", "pt2"]), default="safetensors",
+@click.option("--format", "fmt", type=click.Choice(CHECKPOINT_FORMATS), default="safetensors",
               show_default=True, help="Checkpoint format (state dicts come with a JSON spec sidecar).")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Training processes.")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
@@ -56,12 +58,6 @@ def zoo():
                    "recipe: resuming with other settings is refused.")
 @translate_errors
 def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas, settings):
-    """Train a zoo of KIND (cnn: CNNs of varied architecture on digits; cnn-fixed: one CNN architecture on
-    digits, training recipe varied; mlp: MLPs on four tabular datasets; inr: SIRENs fitted to digit
-    images; mlp-equivariant: depth-4 MLPs on flattened digits, autoencoders and classifiers with tanh
-    or GELU first, half of them trained with a soft mirror-lr equivariance loss, in a grid of 8 cells
-    repeated over seeds, for `jobs layer-equivariance`) into OUT_DIR. Models already in OUT_DIR are
-    kept, so an interrupted run resumes."""
     from pipeline.zoo.kinds import recipe_settings
     from pipeline.zoo.make import make_zoo
 

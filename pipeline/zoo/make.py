@@ -18,10 +18,11 @@ from tqdm import tqdm
 
 from pipeline.spec import example_input
 from pipeline.workers import process_pool
+from pipeline.zoo import CHECKPOINT_FORMATS
 from pipeline.zoo.kinds import RECIPES, make_model
 from zoocore.errors import ZooGraphError
 
-FORMATS = {"safetensors": ".safetensors", "pt": ".pt", "pt2": ".pt2"}
+FORMATS = {fmt: f".{fmt}" for fmt in CHECKPOINT_FORMATS}
 METRIC_COLUMNS = ("test_accuracy", "train_accuracy", "test_loss", "mse", "psnr")
 
 

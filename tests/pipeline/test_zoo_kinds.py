@@ -16,3 +16,23 @@ def test_the_fixed_cnn_zoo_is_one_shape_with_varied_training(tmp_path):
     varied = con.execute("SELECT count(DISTINCT lr), count(DISTINCT init_std), count(DISTINCT train_fraction), "
                          "min(test_accuracy), max(test_accuracy) FROM models").fetchone()
     assert varied[:3] == (6, 6, 6) and 0 <= varied[3] < varied[4] <= 1
+
+
+def test_the_cli_lists_exactly_the_kinds_and_formats_that_exist():
+    """`pipeline zoo make` reads its choices from pipeline.zoo (no torch import); every name there is
+    a recipe and every recipe is listed, so a new kind is one recipe plus one line."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from pipeline.zoo import CHECKPOINT_FORMATS, KINDS
+    from pipeline.zoo.kinds import RECIPES
+    from pipeline.zoo.make import FORMATS
+
+    assert list(KINDS) == list(RECIPES)
+    assert list(FORMATS) == list(CHECKPOINT_FORMATS)
+    res = CliRunner().invoke(main, ["zoo", "make", "--help"])
+    assert res.exit_code == 0
+    for kind in KINDS:
+        assert f"{kind}:" in " ".join(res.output.split())
+    res = CliRunner().invoke(main, ["zoo", "make", "nope", "out"])
+    assert res.exit_code == 2 and "'nope' is not one of 'cnn', 'cnn-fixed', 'mlp', 'inr', 'mlp-equivariant'" in res.output
