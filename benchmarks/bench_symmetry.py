@@ -1,17 +1,22 @@
 """Robustness to function-preserving rescalings: clean and rescaled test Kendall tau, side by side.
 
-On the ReLU models of the fixed-architecture zoo (``cnn-fixed``) and of the diverse zoo (``cnn``),
-every method is trained on the clean training split and scored on the clean test models and on
-random per-neuron rescalings U[1, 10] and U[1, 10^3] of them (the same rescalings for every method):
+On the models of one activation at a time (``--activations``, default ReLU and tanh) of the
+fixed-architecture zoo (``cnn-fixed``) and of the diverse zoo (``cnn``), every method is trained on
+the clean training split and scored on the clean test models and on random function-preserving
+transformations of them (the same ones for every method): per-neuron rescalings U[1, 10] and
+U[1, 10^3] where the activation allows scaling (ReLU-like), random sign flips where it is odd (tanh;
+there the two columns are the same kind of change):
 
 - StatNN (per-layer statistics into gradient boosting), which rescalings move;
-- NG-GNN as it is, with ``--canonical`` (one graph per rescaling orbit), with ``--quasi`` (the
-  quasi-equivariant scaling layer) and with ``--scale-augment 1000`` (training on rescalings).
+- NG-GNN as it is, with ``--canonical`` (one graph per rescaling orbit), canonical with signed-log
+  values (``--compress``: the factors pushed forward pile up in the last layers), canonical with
+  the quasi layer, with ``--quasi`` (the quasi-equivariant scaling layer) and with
+  ``--scale-augment 1000`` (training on rescalings).
 
     .venv/bin/python benchmarks/bench_symmetry.py            # quick: 400-model zoos, 1 seed (~15 min)
     .venv/bin/python benchmarks/bench_symmetry.py --full     # 1,500-model zoos, 3 seeds (< 2 h)
 
-Every ReLU model is a test model once: K folds by hash of model_id (``--folds``, default 3);
+Every model is a test model once: K folds by hash of model_id (``--folds``, default 3);
 seeds change the metanetworks' initialisation and training order; the spread printed is over
 folds and seeds. Zoos are made with ``pipeline zoo make`` into
 /tmp/zoograph-bench and reused.
@@ -29,21 +34,23 @@ import numpy as np
 from _zoos import zoo_catalog
 
 SCALES = (10.0, 1000.0)
-VARIANTS = {"ngnn": {}, "ngnn+canonical": {"canonical": True}, "ngnn+quasi": {"quasi": True},
-            "ngnn+augment": {"scale_augment": 1000.0}}
+VARIANTS = {"ngnn": {}, "ngnn+canonical": {"canonical": True},
+            "ngnn+canon+slog": {"canonical": True, "compress": True},
+            "ngnn+canon+quasi": {"canonical": True, "quasi": True},
+            "ngnn+quasi": {"quasi": True}, "ngnn+augment": {"scale_augment": 1000.0}}
 
 
 def run_variant(cat: Path, variant: str, seed: int, epochs: int, baselines: bool, folds: int = 0,
-                fold: int = 0) -> dict:
+                fold: int = 0, activation: str = "relu") -> dict:
     from jobs.config import TrainConfig
     from jobs.training.train import train_heterognn
 
-    cfg = TrainConfig(where="activation = 'relu'", epochs=epochs, patience=max(4, epochs // 3), seed=seed,
+    cfg = TrainConfig(where=f"activation = '{activation}'", epochs=epochs, patience=max(4, epochs // 3), seed=seed,
                       rescale_test=SCALES, baselines=baselines, folds=folds, fold=fold, **VARIANTS[variant])
     t = time.perf_counter()
     report = train_heterognn(cat, cfg, progress=False)
     taus = {k: v.get("kendall_tau", float("nan")) for k, v in report.metrics.items()}
-    print(f"  {variant:15s} seed {seed} fold {fold}: " + "  ".join(f"{k} {v:.3f}" for k, v in taus.items()
+    print(f"  {variant:15s} {activation} seed {seed} fold {fold}: " + "  ".join(f"{k} {v:.3f}" for k, v in taus.items()
                                                        if k.startswith(("ngnn", "statnn")))
           + f"   ({time.perf_counter() - t:.0f}s, {report.n_models['test']} test models)", flush=True)
     return {"taus": taus, "n_test": report.n_models["test"]}
@@ -56,39 +63,57 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, default=None, help="seeds per method (default 1 quick, 3 full)")
     ap.add_argument("--epochs", type=int, default=None, help="NG-GNN epochs (default 20 quick, 40 full)")
     ap.add_argument("--zoos", default="cnn-fixed,cnn", help="comma-separated zoo kinds")
+    ap.add_argument("--activations", default="relu,tanh",
+                    help="comma-separated activations, each its own runs: relu-like models are rescaled, tanh "
+                    "models sign-flipped (odd), gelu/silu are the control (no symmetry to protect)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--folds", type=int, default=3,
-                    help="K-fold splits (every ReLU model tested once); 0 = the zoo's hash split")
+                    help="K-fold splits (every model tested once); 0 = the zoo's hash split")
     args = ap.parse_args(argv)
     n = args.n or (1500 if args.full else 400)
     seeds = args.seeds or (3 if args.full else 1)
     epochs = args.epochs or (40 if args.full else 20)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        ap.error(f"unknown variant(s) {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     started = time.perf_counter()
     table: dict[str, dict[str, list[float]]] = {}
-    n_test = {}
-    for kind in args.zoos.split(","):
+    n_test: dict[str, int] = {}
+    groups = [(kind, act) for kind in args.zoos.split(",") for act in args.activations.split(",")]
+    for kind, act in groups:
         cat = zoo_catalog(kind, n)
-        print(f"{kind}: ReLU models of a {n}-model zoo", flush=True)
-        for variant in VARIANTS:
+        print(f"{kind}: {act} models of a {n}-model zoo", flush=True)
+        for variant in variants:
             for seed, fold in itertools.product(range(seeds), range(max(1, args.folds))):
-                res = run_variant(cat, variant, seed, epochs, baselines=(variant == "ngnn"), folds=args.folds,
-                                  fold=fold)
-                n_test[kind] = n_test.get(kind, 0) + (res["n_test"] if seed == 0 and variant == "ngnn" else 0)
+                try:
+                    res = run_variant(cat, variant, seed, epochs, baselines=(variant == variants[0]),
+                                      folds=args.folds, fold=fold, activation=act)
+                except Exception as exc:          # e.g. too few models of this activation in the zoo
+                    print(f"  {variant} {act}: skipped ({str(exc).splitlines()[0]})", flush=True)
+                    break
+                group = f"{kind}/{act}"
+                n_test[group] = n_test.get(group, 0) + (res["n_test"] if seed == 0 and variant == variants[0] else 0)
                 for key, tau in res["taus"].items():
                     method, _, scale = key.partition("@")
-                    if method in ("flat_mlp", "statnn_mlp"):
+                    if method in ("flat_mlp", "statnn_mlp", "statnn_ridge") or "+" in method:
                         continue
                     name = variant if method == "ngnn" else method
-                    table.setdefault(name, {}).setdefault(f"{kind} {scale or 'clean'}", []).append(tau)
-    cols = [f"{kind} {s}" for kind in args.zoos.split(",") for s in ("clean", *(f"x{m:g}" for m in SCALES))]
+                    table.setdefault(name, {}).setdefault(f"{group} {scale or 'clean'}", []).append(tau)
+    cols = [f"{kind}/{act} {s}" for kind, act in groups for s in ("clean", *(f"x{m:g}" for m in SCALES))]
     print(f"\ntest Kendall tau, mean ± sd over {seeds} seed(s) x {max(1, args.folds)} fold(s); test models in all: "
           + ", ".join(f"{k} {v}" for k, v in n_test.items()))
-    print(f"{'method':16s}" + "".join(f"{c:>18s}" for c in cols))
-    for name in ("statnn", *VARIANTS):
-        cells = []
-        for c in cols:
-            v = np.array(table.get(name, {}).get(c, []), dtype=float)
-            cells.append(f"{v.mean():.3f} ± {v.std():.3f}" if len(v) else "n/a")
-        print(f"{name:16s}" + "".join(f"{x:>18s}" for x in cells))
+    print("(xMAX: every hidden neuron rescaled by U[1, MAX] where its activation allows it, its sign flipped at "
+          "random where the activation is odd; the function is unchanged)")
+    for kind, act in groups:
+        mine = [c for c in cols if c.startswith(f"{kind}/{act} ")]
+        print(f"\n{kind}/{act}" + " " * max(1, 16 - len(kind) - len(act) - 1) + "".join(f"{c.split(' ')[1]:>16s}" for c in mine))
+        for name in ("statnn", *variants):
+            cells = []
+            for c in mine:
+                v = np.array(table.get(name, {}).get(c, []), dtype=float)
+                cells.append(f"{v.mean():.3f} ± {v.std():.3f}" if len(v) else "n/a")
+            print(f"{name:16s}" + "".join(f"{x:>16s}" for x in cells))
     print(f"\n{time.perf_counter() - started:.0f}s in all")
 
 

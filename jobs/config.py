@@ -63,6 +63,9 @@ class DataConfig:
     canonical: bool = option(False, "Feed the metanetwork scale-canonicalised graphs: every rescalable hidden neuron "
                              "gets unit-norm incoming weights (and a positive sum where signs may flip), the factor "
                              "pushed forward; one graph per function-preserving rescaling orbit.")
+    compress: bool = option(False, "Feed every weight and bias w as sign(w) log(1 + |w|): with --canonical the "
+                            "factors pushed forward pile up in the last layers, and the compressed values keep "
+                            "their order without the heavy tails (applied last, after every other preparation).")
     bn_stats: bool = option(True, "Feed batch norms as the affine maps they compute at evaluation (gamma / sqrt(var "
                             "+ eps) on the edge, beta - gamma * mean / sqrt(var + eps) as the bias), so the running "
                             "statistics reach the metanetwork.")

@@ -14,7 +14,7 @@ from jobs.predictors.stacking import read_stack
 from jobs.training.artifacts import load_metanetwork
 from jobs.training.data import GraphStream, Selection, select_models
 from jobs.training.inference import infer_ensemble
-from jobs.training.preparation import preparation
+from jobs.training.preparation import run_preparation
 from jobs.training.run_weights import read_predictor, require_run
 from jobs.training.runs import PredictReport, write_back, write_run
 from jobs.training.tasks import task_named
@@ -48,7 +48,7 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     if model.cfg.probes:
         check_probe_graph(sel.etypes)
     stream = GraphStream(con, sel, manifest.stats, raw=bool(model.cfg.probes),
-                         prepare=preparation(manifest.train.get("canonical", False), manifest.train.get("bn_stats", False)))
+                         prepare=run_preparation(manifest.train))
     out, emb = infer_ensemble(models, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device), task)
     kind = manifest.model.kind
     results = {kind: task.decode(out, manifest.scale)}

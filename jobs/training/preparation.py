@@ -15,19 +15,39 @@ def canonical_graph(graph, steps):
     return canonical_scaling(graph, steps)[0]
 
 
-def preparation(canonical: bool = False, bn_stats: bool = False):
+def compressed(graph):
+    """The graph with every weight and bias ``w`` as ``sign(w) log(1 + |w|)`` (order kept, tails shortened)."""
+    import dataclasses
+
+    import numpy as np
+
+    def slog(a):
+        return (np.sign(a) * np.log1p(np.abs(a))).astype(a.dtype)
+    return dataclasses.replace(graph, weight=slog(graph.weight), bias=slog(graph.bias))
+
+
+def preparation(canonical: bool = False, bn_stats: bool = False, compress: bool = False):
     """The GraphStream ``prepare`` a run's graphs get (None: none): the scale canonicalisation, then
     batch norms as their evaluation-time affine maps (pipeline.neural_graph.norm_stats); in that
-    order, because the canonicalisation moves factors through batch norm's running statistics."""
-    if not (canonical or bn_stats):
+    order, because the canonicalisation moves factors through batch norm's running statistics;
+    then, with ``compress``, the signed-log values."""
+    if not (canonical or bn_stats or compress):
         return None
     from pipeline.neural_graph.norm_stats import effective_batch_norms
 
     def prepare(graph, steps):
         if canonical:
             graph = canonical_graph(graph, steps)
-        return effective_batch_norms(graph) if bn_stats else graph
+        if bn_stats:
+            graph = effective_batch_norms(graph)
+        return compressed(graph) if compress else graph
     return prepare
+
+
+def run_preparation(cfg) -> object:
+    """The ``prepare`` of a run's configuration (a DataConfig, or a saved run's ``train`` dict)."""
+    get = cfg.get if isinstance(cfg, dict) else lambda k, d=False: getattr(cfg, k)
+    return preparation(get("canonical", False), get("bn_stats", False), get("compress", False))
 
 
 def training_changes(cfg: DataConfig):
@@ -38,12 +58,14 @@ def training_changes(cfg: DataConfig):
     augment = augmenter(rescaler(cfg.scale_augment) if cfg.scale_augment else None,
                         noise=cfg.weight_noise, dropout=cfg.weight_dropout)
     if augment is None:
-        return preparation(cfg.canonical, cfg.bn_stats), None
+        return run_preparation(cfg), None
     if cfg.bn_stats:
         from pipeline.neural_graph.norm_stats import effective_batch_norms
 
         augment = augmenter(augment, lambda graph, steps, rng: effective_batch_norms(graph))
-    return preparation(cfg.canonical, False), augment
+    if cfg.compress:
+        augment = augmenter(augment, lambda graph, steps, rng: compressed(graph))
+    return preparation(cfg.canonical), augment
 
 
 def rescaler(max_scale: float):

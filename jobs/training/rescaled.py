@@ -8,7 +8,7 @@ from jobs.config import TrainConfig
 from jobs.metanets.ngnn import NGGNN
 from jobs.training.data import GraphList, LayerStats, Selection
 from jobs.training.inference import infer_ensemble
-from jobs.training.preparation import preparation
+from jobs.training.preparation import run_preparation
 from jobs.training.tasks import TargetScale, task_named
 from jobs.training.trust import TrustProfile, profiles_of, scale_profiles
 
@@ -34,7 +34,7 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     y = sel.targets[test_idx]
     tag = f"@x{max_scale:g}"
     inputs = graphs
-    prepare = preparation(cfg.canonical, cfg.bn_stats)      # the same preparation the run trained on
+    prepare = run_preparation(cfg)      # the same preparation the run trained on
     if prepare is not None:
         from pipeline.graph_codec import read_plans
 

@@ -32,7 +32,7 @@ from jobs.training.artifacts import save_metanetwork
 from jobs.training.data import GraphStream, Selection, layer_stats, layer_stats_of_graphs, select_models
 from jobs.training.distributed import DistContext, barrier, broadcast, init_from_env, local_batch_size, shard
 from jobs.training.inference import _batch, infer, infer_ensemble
-from jobs.training.preparation import preparation, read_prepared, training_changes
+from jobs.training.preparation import run_preparation, read_prepared, training_changes
 from jobs.training.rescaled import score_rescaled
 from jobs.training.run_weights import predictor_files
 from jobs.training.runs import RunReport, write_back, write_run
@@ -149,7 +149,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         raise JobError("--scale-augment and --rescale-test take the largest factor MAX > 1 of U[1, MAX]")
     if cfg.weight_noise < 0 or not 0 <= cfg.weight_dropout < 1:
         raise JobError("--weight-noise must be >= 0 and --weight-dropout in [0, 1)")
-    prepare = preparation(cfg.canonical, cfg.bn_stats)
+    prepare = run_preparation(cfg)
     stats = (layer_stats_of_graphs(read_prepared(con, sel.ids("train"), prepare)) if prepare is not None
              else layer_stats(con, sel.ids("train")))
     trust = TrustProfile.fit(profiles_of(con, sel.ids("train")))

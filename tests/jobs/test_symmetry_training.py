@@ -74,7 +74,9 @@ def canonical_run(tmp_path_factory, catalog_dir):
 
     root = tmp_path_factory.mktemp("sym") / "catalog"
     shutil.copytree(catalog_dir, root)
-    cfg = TrainConfig(where="zoo = 'cnn'", canonical=True, scale_augment=10.0, rescale_test=(1000.0,), **FAST)
+    # with signed-log values too: training, the rescaled rows and `jobs predict` must all apply them
+    cfg = TrainConfig(where="zoo = 'cnn'", canonical=True, compress=True, scale_augment=10.0, rescale_test=(1000.0,),
+                      **FAST)
     return root, train_heterognn(root, cfg, progress=False)
 
 
@@ -87,6 +89,19 @@ def test_a_run_scores_rescaled_test_models_beside_the_clean_ones(canonical_run):
     assert report.metrics["ngnn@x1000"]["kendall_tau"] == pytest.approx(report.metrics["ngnn"]["kendall_tau"],
                                                                         abs=0.02)
     assert "ngnn@x1000" in report.summary()
+
+
+def test_compressed_values_are_the_signed_log_of_the_graphs(catalog_dir):
+    from jobs.training.preparation import compressed, run_preparation
+
+    con = duck.connect(catalog_dir)
+    ids = [m for m, in con.execute("SELECT model_id FROM models WHERE zoo = 'cnn' LIMIT 3").fetchall()]
+    for g, c in zip(read_graphs(con, ids), read_prepared(con, ids, run_preparation({"compress": True}))):
+        np.testing.assert_allclose(c.weight, np.sign(g.weight) * np.log1p(np.abs(g.weight)), rtol=1e-6)
+        np.testing.assert_allclose(c.bias, np.sign(g.bias) * np.log1p(np.abs(g.bias)), rtol=1e-6)
+        assert (np.argsort(c.weight, kind="stable") == np.argsort(g.weight, kind="stable")).all()
+        assert compressed(g).src is g.src
+    con.close()
 
 
 def test_a_canonical_run_predicts_through_the_canonicalisation(canonical_run):
