@@ -8,7 +8,8 @@ U[1, 10^3] where the activation allows scaling (ReLU-like), random sign flips wh
 there the two columns are the same kind of change):
 
 - StatNN (per-layer statistics into gradient boosting), which rescalings move;
-- NG-GNN as it is, with ``--canonical`` (one graph per rescaling orbit), canonical with signed-log
+- NG-GNN as it is, with ``--canonical`` (one graph per rescaling orbit), with ``--balanced`` (the
+  orbit's representative whose neurons have equal incoming and outgoing norms), canonical with signed-log
   values (``--compress``: the factors pushed forward pile up in the last layers), canonical with
   the quasi layer, with ``--quasi`` (the quasi-equivariant scaling layer) and with
   ``--scale-augment 1000`` (training on rescalings).
@@ -35,7 +36,7 @@ from _zoos import zoo_catalog
 
 SCALES = (10.0, 1000.0)
 VARIANTS = {"ngnn": {}, "ngnn+canonical": {"canonical": True},
-            "ngnn+canon+slog": {"canonical": True, "compress": True},
+            "ngnn+canon+slog": {"canonical": True, "compress": True}, "ngnn+balanced": {"balanced": True},
             "ngnn+canon+quasi": {"canonical": True, "quasi": True},
             "ngnn+quasi": {"quasi": True}, "ngnn+augment": {"scale_augment": 1000.0}}
 

@@ -26,17 +26,27 @@ def compressed(graph):
     return dataclasses.replace(graph, weight=slog(graph.weight), bias=slog(graph.bias))
 
 
-def preparation(canonical: bool = False, bn_stats: bool = False, compress: bool = False):
-    """The GraphStream ``prepare`` a run's graphs get (None: none): the scale canonicalisation, then
+def balanced_graph(graph, steps):
+    """The balanced representative of a graph's rescaling orbit (``pipeline.neural_graph.symmetry.balanced_scaling``)."""
+    from pipeline.neural_graph.symmetry import balanced_scaling
+
+    return balanced_scaling(graph, steps)
+
+
+def preparation(canonical: bool = False, bn_stats: bool = False, compress: bool = False, balanced: bool = False):
+    """The GraphStream ``prepare`` a run's graphs get (None: none): the scale canonicalisation (or the
+    balanced representative, which starts from it), then
     batch norms as their evaluation-time affine maps (pipeline.neural_graph.norm_stats); in that
     order, because the canonicalisation moves factors through batch norm's running statistics;
     then, with ``compress``, the signed-log values."""
-    if not (canonical or bn_stats or compress):
+    if not (canonical or bn_stats or compress or balanced):
         return None
     from pipeline.neural_graph.norm_stats import effective_batch_norms
 
     def prepare(graph, steps):
-        if canonical:
+        if balanced:
+            graph = balanced_graph(graph, steps)
+        elif canonical:
             graph = canonical_graph(graph, steps)
         if bn_stats:
             graph = effective_batch_norms(graph)
@@ -47,7 +57,8 @@ def preparation(canonical: bool = False, bn_stats: bool = False, compress: bool 
 def run_preparation(cfg) -> object:
     """The ``prepare`` of a run's configuration (a DataConfig, or a saved run's ``train`` dict)."""
     get = cfg.get if isinstance(cfg, dict) else lambda k, d=False: getattr(cfg, k)
-    return preparation(get("canonical", False), get("bn_stats", False), get("compress", False))
+    return preparation(get("canonical", False), get("bn_stats", False), get("compress", False),
+                       get("balanced", False))
 
 
 def training_changes(cfg: DataConfig):
@@ -65,7 +76,7 @@ def training_changes(cfg: DataConfig):
         augment = augmenter(augment, lambda graph, steps, rng: effective_batch_norms(graph))
     if cfg.compress:
         augment = augmenter(augment, lambda graph, steps, rng: compressed(graph))
-    return preparation(cfg.canonical), augment
+    return preparation(cfg.canonical, balanced=cfg.balanced), augment
 
 
 def rescaler(max_scale: float):

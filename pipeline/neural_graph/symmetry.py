@@ -233,3 +233,56 @@ def canonical_scaling(graph: NeuralGraph, steps: list[dict] | None = None) -> tu
         current = apply_neuron_factors(current, step)
         s *= step
     return current, s
+
+
+def _outgoing_norms(graph: NeuralGraph, weight: np.ndarray, extra: np.ndarray, layers: set[int]) -> np.ndarray:
+    """Per node of ``layers``: the norm of its effective outgoing coefficients (the same per-edge
+    coefficients ``_incoming_norms`` counts at the destination, counted here at the source)."""
+    sq = np.zeros(graph.num_nodes)
+    for i, op in enumerate(graph.ops):
+        if op.src_layer not in layers and not op.get("src_segments"):
+            continue
+        e = np.flatnonzero(graph.edge_op == i)
+        src, dst = graph.src[e], graph.dst[e]
+        parts = op.incoming(weight[e], dst, extra)
+        if parts is None:
+            continue
+        keep = np.isin(graph.node_layer[src], list(layers))
+        np.add.at(sq, src[keep], parts[0][keep])
+    return np.sqrt(sq)
+
+
+def balanced_scaling(graph: NeuralGraph, steps: list[dict] | None = None, sweeps: int = 12) -> NeuralGraph:
+    """The balanced representative of a graph's rescaling orbit: from the canonical graph
+    (``canonical_scaling``, so every member of an orbit starts from the same point), each rescalable
+    neuron's factor is set so that its incoming and outgoing coefficients have equal norms, class by
+    class in layer order, ``sweeps`` times (coordinate descent on the total squared norm, which is
+    convex in the log-factors). Weight decay drives training towards this balance, so a trained
+    network's balanced form is close to the network itself, unlike the unit-norm canonical form,
+    whose pushed-forward factors pile up in the last layer; and, being a deterministic function of
+    the canonical graph, it is exactly as invariant."""
+    current, _ = canonical_scaling(graph, steps)
+    reps, groups = scale_classes(current, steps)
+    sizes, offsets = current.layer_sizes(), current.layer_offsets()
+    classes: dict[int, list[int]] = {}
+    for layer, rep in enumerate(reps):
+        if SCALE in groups[rep]:
+            classes.setdefault(rep, []).append(layer)
+    for _ in range(sweeps):
+        for rep, layers in classes.items():
+            w, x = current.weight.astype(np.float64), current.extra.astype(np.float64)
+            inn, _ = _incoming_norms(current, w, current.bias.astype(np.float64), x, set(layers))
+            out = _outgoing_norms(current, w, x, set(layers))
+            n = int(sizes[rep])
+            si, so = np.zeros(n), np.zeros(n)
+            for layer in layers:
+                sl = slice(offsets[layer], offsets[layer] + sizes[layer])
+                si += inn[sl] ** 2
+                so += out[sl] ** 2
+            ok = (si > 0) & (so > 0)
+            f = np.where(ok, (np.where(ok, so, 1.0) / np.where(ok, si, 1.0)) ** 0.25, 1.0)
+            step = np.ones(current.num_nodes)
+            for layer in layers:
+                step[offsets[layer]:offsets[layer] + sizes[layer]] = f
+            current = apply_neuron_factors(current, step)
+    return current

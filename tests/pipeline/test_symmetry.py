@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.convert import convert_state_dict
 from pipeline.neural_graph.vocabulary import NODE_TYPES
-from pipeline.neural_graph.symmetry import (SCALE, SIGN, apply_neuron_factors, canonical_scaling, random_factors,
+from pipeline.neural_graph.symmetry import (SCALE, SIGN, _incoming_norms, _outgoing_norms, apply_neuron_factors,
+                                            balanced_scaling, canonical_scaling, random_factors,
                                             random_rescaling, scale_classes)
 from pipeline.spec import build_module
 from tests.pipeline.test_neural_graph import SPECS, randomize, sample_input
@@ -128,3 +129,31 @@ def test_canonical_scaling_is_one_representative_per_orbit(name, seed):
     x = sample_input(spec, n=8, seed=seed)
     with torch.no_grad():
         assert _rel(_run(spec, base, x), model(x)) < 1e-5
+
+
+@settings(max_examples=15, deadline=None)
+@given(name=st.sampled_from(["relu_res_cnn", "tanh_mlp", "cnn", "mlp"]), seed=st.integers(0, 10_000))
+def test_the_balanced_form_is_one_representative_per_orbit_with_equal_in_and_out_norms(name, seed):
+    """Invariant like the canonical form (it starts there), function-preserving, and balanced: every
+    rescalable neuron of an untied layer ends with incoming norm = outgoing norm, and the total
+    squared norm is no more than the network's own (the balance minimises it over the orbit)."""
+    spec, model, conv = _convert(name, seed % 5)
+    base = balanced_scaling(conv.graph, conv.plan.steps, sweeps=40)
+    moved = random_rescaling(conv.graph, np.random.default_rng(seed), 1e3, steps=conv.plan.steps)
+    again = balanced_scaling(moved, conv.plan.steps, sweeps=40)
+    np.testing.assert_allclose(again.weight, base.weight, rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(again.bias, base.bias, rtol=1e-3, atol=1e-5)
+    x = sample_input(spec, n=8, seed=seed)
+    with torch.no_grad():
+        assert _rel(_run(spec, base, x), model(x)) < 1e-4
+    reps, groups = scale_classes(base, conv.plan.steps)
+    untied = [layer for layer, rep in enumerate(reps) if SCALE in groups[rep] and reps.count(rep) == 1]
+    assert untied or name == "tanh_mlp"
+    w, x_ = base.weight.astype(np.float64), base.extra.astype(np.float64)
+    for layer in untied:
+        inn, _ = _incoming_norms(base, w, base.bias.astype(np.float64), x_, {layer})
+        out = _outgoing_norms(base, w, x_, {layer})
+        nodes = base.node_layer == layer
+        np.testing.assert_allclose(inn[nodes], out[nodes], rtol=2e-2)
+    sq = lambda g: float((g.weight.astype(np.float64) ** 2).sum() + (g.bias.astype(np.float64) ** 2).sum())  # noqa: E731
+    assert sq(base) <= sq(conv.graph) * (1 + 1e-6) or not untied
