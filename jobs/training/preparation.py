@@ -1,8 +1,11 @@
 """What graphs go through before a metanetwork reads them: batch norms as the affine maps they
-compute, scale canonicalisation, and the training-only changes (rescaling, noise, dropout).
+compute, scale canonicalisation (or balancing), signed-log values, and the training-only changes (rescaling, noise, dropout).
 """
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 
 from jobs.config import DataConfig
 from jobs.training.augment import augmenter
@@ -17,10 +20,6 @@ def canonical_graph(graph, steps):
 
 def compressed(graph):
     """The graph with every weight and bias ``w`` as ``sign(w) log(1 + |w|)`` (order kept, tails shortened)."""
-    import dataclasses
-
-    import numpy as np
-
     def slog(a):
         return (np.sign(a) * np.log1p(np.abs(a))).astype(a.dtype)
     return dataclasses.replace(graph, weight=slog(graph.weight), bias=slog(graph.bias))
@@ -35,10 +34,9 @@ def balanced_graph(graph, steps):
 
 def preparation(canonical: bool = False, bn_stats: bool = False, compress: bool = False, balanced: bool = False):
     """The GraphStream ``prepare`` a run's graphs get (None: none): the scale canonicalisation (or the
-    balanced representative, which starts from it), then
-    batch norms as their evaluation-time affine maps (pipeline.neural_graph.norm_stats); in that
-    order, because the canonicalisation moves factors through batch norm's running statistics;
-    then, with ``compress``, the signed-log values."""
+    balanced representative, which starts from it), then batch norms as their evaluation-time affine
+    maps (pipeline.neural_graph.norm_stats), in that order because the canonicalisation moves
+    factors through batch norm's running statistics; then, with ``compress``, signed-log values."""
     if not (canonical or bn_stats or compress or balanced):
         return None
     from pipeline.neural_graph.norm_stats import effective_batch_norms
