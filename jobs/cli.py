@@ -265,7 +265,8 @@ def demo(workdir, n, epochs, seed, workers, device):
 @catalog_option
 @click.option("--edit", type=click.Choice(["dilate", "blur", "contrast"]), default="dilate", show_default=True,
               help="The image transformation the edited INR should compute: 3x3 grey dilation, Gaussian blur "
-                   "(sigma 1 pixel) or contrast x2, of the digit the INR was fitted to, on its 8x8 pixel grid.")
+                   "(sigma 1 pixel) or contrast x2, of the digit the INR was fitted to, on its pixel grid (8x8, or "
+                   "the side its zoo was made at).")
 @click.option("--where", default=None, help="SQL condition over models selecting the INRs (default: all INRs "
                                              "with an image_index that are not themselves edits).")
 @click.option("--model", "metanet", type=click.Choice(list(METANETWORKS)), default="ngnn", show_default=True,

@@ -54,8 +54,11 @@ def zoo():
                    "differ only in initialisation and batch order (pairs for `jobs merge`).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Change the kind's training recipe (repeatable). mlp-equivariant: epochs (200), "
-                   "weight_decay (1.0), lambda_autoencoder (10), lambda_classifier (1). A folder holds one "
-                   "recipe: resuming with other settings is refused.")
+                   "weight_decay (1.0), lambda_autoencoder (10), lambda_classifier (1). inr: side (8; 28 fits "
+                   "digits upsampled bicubically to 28x28, the size of the MNIST INR benchmarks, from "
+                   "scikit-learn's 8x8 digits, the only offline source), width (16 at side 8, else 32), steps "
+                   "(300 at side 8, else 1000), w0 (10 at side 8, else 30). A folder holds one recipe: resuming "
+                   "with other settings is refused.")
 @translate_errors
 def zoo_make(kind, out_dir, n, seed, fmt, workers, replicas, settings):
     from pipeline.zoo.kinds import recipe_settings

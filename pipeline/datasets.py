@@ -18,6 +18,26 @@ def digits():
     return x, d.target.astype(np.int64)
 
 
+@lru_cache(maxsize=4)
+def digit_images(side: int = 8) -> np.ndarray:
+    """(1797, side, side) scikit-learn's digits as intensities in [0, 1]. At another side than 8 they
+    are upsampled bicubically (``scipy.ndimage.zoom``, order 3, clipped to [0, 1]): scikit-learn's
+    8x8 digits are the only digit images available offline, so a 28x28 "MNIST-sized" grid is made
+    from them."""
+    x = digits()[0][:, 0]
+    if side != 8:
+        from scipy import ndimage
+
+        if not 8 <= side <= 128:
+            raise ValueError(f"side {side}: digit images are made at 8 to 128 pixels a side")
+        x = np.clip(ndimage.zoom(x, (1, side / 8, side / 8), order=3, mode="nearest", grid_mode=True), 0.0, 1.0)
+        if x.shape[1:] != (side, side):
+            raise ValueError(f"upsampling gave {x.shape[1:]}, not {side}x{side}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    x.flags.writeable = False
+    return x
+
+
 @lru_cache(maxsize=None)
 def tabular(name: str):
     from sklearn import datasets

@@ -21,7 +21,8 @@ from pipeline.neural_graph.vocabulary import RELATIONS
 from zoocore.errors import JobError
 
 LINEAR = RELATIONS.index("linear")
-INHERITED_SKIP = ("index", "zoo_seed", "init_seed", "recipe", "mse", "psnr", "steps", "lr", "optimizer")
+INHERITED_SKIP = ("index", "zoo_seed", "init_seed", "recipe", "mse", "psnr", "steps", "lr", "optimizer",
+                  "width")          # an edit with output capacity expansion is wider than its original
 
 
 @dataclass
@@ -65,6 +66,7 @@ class EditData:
     bias_mean: list[float] = field(default_factory=list)
     bias_scale: list[float] = field(default_factory=list)
     inherited: dict[str, dict] = field(default_factory=dict)     # model_id -> attributes an edit keeps
+    side: int = 8                        # the pixel grid is side x side
 
     def index(self, split: str) -> np.ndarray:
         return np.nonzero(self.splits == split)[0]
@@ -72,7 +74,7 @@ class EditData:
     @classmethod
     def from_graphs(cls, model_ids: Sequence[str], graphs: Sequence[NeuralGraph], splits: Sequence[str],
                     image_index: Sequence[int], edit: str, stats: LayerStats | None = None,
-                    etypes: list | None = None) -> "EditData":
+                    etypes: list | None = None, side: int = 8) -> "EditData":
         """Build from neural graphs; ``stats`` (default: from the training split) normalise the
         metanetwork's inputs and scale its outputs. The originals are rebuilt with the exact inverse."""
         graphs = list(graphs)
@@ -92,7 +94,7 @@ class EditData:
                                                  for g in graphs)))
         params = layout.stack([state_dict_from_graph(g) for g in graphs])
         data = cls(list(model_ids), splits, np.asarray(image_index, dtype=np.int64), graphs, layout, params,
-                   torch.from_numpy(target_pixels(image_index, edit)), stats, etypes)
+                   torch.from_numpy(target_pixels(image_index, edit, side)), stats, etypes, side=side)
         data.dgl_graphs = [normalised_graph(g, stats, (1, 1), etypes, model_id=m) for m, g in zip(model_ids, graphs)]
         for li in range(layout.num_layers):
             wm, ws = stats.weight(np.array([li]), np.array([LINEAR]))
@@ -122,6 +124,17 @@ def load_edit_data(catalog: Catalog, cfg: EditConfig) -> EditData:
         if len(archs) > 1:
             raise JobError(f"the selected INRs have {len(archs)} architectures; one editor edits one architecture "
                            "(narrow --where)")
+        side = 8
+        if "side" in cols:          # INRs of upsampled digits (pipeline zoo make inr --set side=28); missing: 8x8
+            cur = con.cursor()
+            ids_table(cur, sel.model_ids)
+            sides = sorted({8 if s is None else int(s) for s, in cur.execute(
+                "SELECT side FROM models JOIN _ids USING (model_id)").fetchall()})
+            cur.close()
+            if len(sides) > 1:
+                raise JobError(f"the selected INRs are fitted on grids of {', '.join(map(str, sides))} pixels a side; "
+                               "one editor edits one grid (narrow --where, e.g. --where 'side = 28')")
+            side = sides[0]
         arch, plans = read_plans(con, sel.model_ids)
         graphs = read_graphs(con, sel.model_ids, plans=plans)
         cur = con.cursor()
@@ -134,7 +147,8 @@ def load_edit_data(catalog: Catalog, cfg: EditConfig) -> EditData:
     counts = {s: int((sel.splits == s).sum()) for s in ("train", "val", "test")}
     if counts["train"] < 2 or counts["val"] < 1 or counts["test"] < 1:
         raise JobError(f"too few INRs to train, validate and test an editor: {counts}")
-    data = EditData.from_graphs(sel.model_ids, graphs, sel.splits, sel.targets.astype(np.int64), cfg.edit)
+    data = EditData.from_graphs(sel.model_ids, graphs, sel.splits, sel.targets.astype(np.int64), cfg.edit,
+                                side=side)
     data.inherited = inherited
     return data
 

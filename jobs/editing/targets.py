@@ -1,7 +1,8 @@
 """What an edited INR should compute: an image transformation of the digit its INR was fitted to.
 
-The ``inr`` zoo fits one SIREN per 8x8 scikit-learn digit (``image_index`` in the model metadata,
-intensities in [0, 1]); a target is the transformed image on the same 8x8 pixel grid:
+The ``inr`` zoo fits one SIREN per scikit-learn digit (``image_index`` in the model metadata,
+intensities in [0, 1]) on an 8x8 grid, or on a ``side`` x ``side`` grid of the digit upsampled
+bicubically (``pipeline.datasets.digit_images``); a target is the transformed image on the same grid:
 
 - ``dilate``: grey-scale morphological dilation with a 3x3 square (the standard INR-editing
   benchmark, usually on MNIST), borders by the nearest pixel;
@@ -43,19 +44,19 @@ def transform_images(images: np.ndarray, edit: str) -> np.ndarray:
     return out.astype(np.float32)
 
 
-def digit_images(image_indices: Sequence[int]) -> np.ndarray:
-    """(N, 8, 8) the scikit-learn digits the ``inr`` zoo's SIRENs were fitted to, in [0, 1]."""
-    from pipeline.datasets import digits
+def digit_images(image_indices: Sequence[int], side: int = 8) -> np.ndarray:
+    """(N, side, side) the digits the ``inr`` zoo's SIRENs were fitted to, in [0, 1]."""
+    from pipeline.datasets import digit_images as all_digits
 
-    x = digits()[0][:, 0]
+    x = all_digits(side)
     idx = np.asarray(image_indices, dtype=np.int64)
     if idx.size and (idx.min() < 0 or idx.max() >= len(x)):
         raise JobError(f"image_index {int(idx.max())} out of range for the {len(x)} digits")
     return x[idx]
 
 
-def target_pixels(image_indices: Sequence[int], edit: str) -> np.ndarray:
-    """(N, 64) the transformed digits flattened in the pixel-grid order of ``siren.pixel_grid``
-    (row-major: pixel k is row k // 8, column k % 8)."""
-    imgs = transform_images(digit_images(image_indices), edit)
+def target_pixels(image_indices: Sequence[int], edit: str, side: int = 8) -> np.ndarray:
+    """(N, side * side) the transformed digits flattened in the pixel-grid order of ``siren.pixel_grid``
+    (row-major: pixel k is row k // side, column k % side)."""
+    imgs = transform_images(digit_images(image_indices, side), edit)
     return imgs.reshape(len(imgs), -1)

@@ -8,7 +8,7 @@ them by the hash of their model_id (train / val / test), and trains, on the same
 - baselines: the identity (the unedited INR), the same metanetwork with K = 1, and NFN's NP layers.
 
 Every editor is residual (edited = original + predicted change) and trained on the function-space
-MSE between the edited INR on the 8x8 pixel grid and the transformed digit; the checkpoint with the
+MSE between the edited INR on its pixel grid (8x8, or the side its zoo was made at) and the transformed digit; the checkpoint with the
 best validation MSE is kept. The test MSE of every method (mean and spread over test INRs) is
 printed and stored in ``runs``; the main editor's weights go to ``CATALOG/artifacts/RUN/``; its edits
 of every selected INR are written as a zoo (one network K times wider for K > 1, exact) and
@@ -65,7 +65,7 @@ def per_model_mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def score(editor, data: EditData, idx: np.ndarray, device, batch: int = 256) -> np.ndarray:
     """Per-model MSE of the edited (or, for ``editor`` None, the original) INRs against the targets."""
-    coords = pixel_grid().to(device)
+    coords = pixel_grid(data.side).to(device)
     out = []
     for start in range(0, len(idx), batch):
         part = idx[start:start + batch]
@@ -86,7 +86,7 @@ def fit_editor(editor, data: EditData, cfg: EditConfig, device, desc: str, progr
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.steps, 1), eta_min=cfg.lr * 0.05)
     train_idx, val_idx = data.index("train"), data.index("val")
     rng = np.random.default_rng(cfg.seed)
-    coords = pixel_grid().to(device)
+    coords = pixel_grid(data.side).to(device)
     best, best_state, history = math.inf, copy.deepcopy(editor.state_dict()), []
     order, pos = rng.permutation(train_idx), 0
     bar = tqdm(range(cfg.steps), desc=desc, unit="step", disable=not progress)
@@ -302,7 +302,7 @@ def write_edited_zoo(out: Path, editor, data: EditData, idx: np.ndarray, spec: d
 
     out.mkdir(parents=True, exist_ok=True)
     wide_spec = spec if cfg.oce == 1 else widened_spec(spec, cfg.oce)
-    coords = pixel_grid()
+    coords = pixel_grid(data.side)
     rows = []
     for start in range(0, len(idx), batch):
         part = idx[start:start + batch]

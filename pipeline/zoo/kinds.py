@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.datasets import MLP_DATASETS, digits, digits_split, tabular
+from pipeline.datasets import MLP_DATASETS, digit_images, digits, digits_split, tabular
 from pipeline.spec import build_module
 from pipeline.zoo.equivariant import SETTINGS as EQUIVARIANT_SETTINGS, mlp_equivariant_recipe
 from pipeline.zoo.training import ModelRecipe, fit_classifier, init_weights
@@ -131,17 +131,33 @@ def mlp_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
     return ModelRecipe(spec, train, meta)
 
 
-INR_SPEC = {"format": "zoograph.spec/1", "input_shape": [2], "layers": [
-    {"type": "linear", "out_features": 16}, {"type": "activation", "fn": "sin"},
-    {"type": "linear", "out_features": 16}, {"type": "activation", "fn": "sin"},
-    {"type": "linear", "out_features": 1}]}
+def inr_spec(width: int = 16) -> dict:
+    """A SIREN: 2 coordinates -> two sine layers of ``width`` -> one intensity."""
+    return {"format": "zoograph.spec/1", "input_shape": [2], "layers": [
+        {"type": "linear", "out_features": width}, {"type": "activation", "fn": "sin"},
+        {"type": "linear", "out_features": width}, {"type": "activation", "fn": "sin"},
+        {"type": "linear", "out_features": 1}]}
 
 
-def inr_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
-    x, y = digits()
+INR_SPEC = inr_spec()
+# the inr zoo's settings (``pipeline zoo make inr --set side=28``) and their defaults per side: 8x8 digits as
+# they ship, or digits upsampled to side x side (28: the size of the MNIST INR benchmarks) fitted by wider SIRENs
+INR_SETTINGS = {"side": int, "width": int, "steps": int, "w0": float}
+INR_DEFAULTS = {8: {"width": 16, "steps": 300, "w0": 10.0}, "other": {"width": 32, "steps": 1000, "w0": 30.0}}
+
+
+def inr_recipe(rng: np.random.Generator, seed: int, side: int | None = None, width: int | None = None,
+               steps: int | None = None, w0: float | None = None) -> ModelRecipe:
+    side = 8 if side is None else int(side)
+    default = INR_DEFAULTS[8] if side == 8 else INR_DEFAULTS["other"]
+    x = digit_images(side)
+    y = digits()[1]
     index = int(rng.integers(0, len(x)))
-    meta = {"dataset": "digits-inr", "label": int(y[index]), "image_index": index, "steps": 300, "lr": 1e-3,
-            "w0": 10.0, "optimizer": "adam"}
+    meta = {"dataset": "digits-inr", "label": int(y[index]), "image_index": index,
+            "steps": int(steps or default["steps"]), "lr": 1e-3, "w0": float(w0 or default["w0"]), "optimizer": "adam"}
+    width = int(width or default["width"])
+    if side != 8:               # the 8x8 zoo's records stay as they were; jobs.editing reads a missing side as 8
+        meta.update(side=side, width=width)
 
     def train(model: nn.Module, init_seed: int) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(init_seed)
@@ -153,9 +169,9 @@ def inr_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
                 m.bias.uniform_(-bound, bound, generator=gen)
             lin[0].weight.mul_(meta["w0"])
             lin[0].bias.mul_(meta["w0"])
-        g = torch.linspace(-1, 1, 8)
+        g = torch.linspace(-1, 1, side)
         coords = torch.stack(torch.meshgrid(g, g, indexing="ij"), -1).reshape(-1, 2)
-        target = torch.from_numpy(x[index, 0].reshape(-1, 1))
+        target = torch.from_numpy(x[index].reshape(-1, 1).copy())
         opt = torch.optim.Adam(model.parameters(), lr=meta["lr"])
         for _ in range(meta["steps"]):
             opt.zero_grad()
@@ -166,7 +182,7 @@ def inr_recipe(rng: np.random.Generator, seed: int) -> ModelRecipe:
             mse = float(((model(coords) - target) ** 2).mean())
         return {"mse": mse, "psnr": float(10 * math.log10(1.0 / max(mse, 1e-12)))}
 
-    return ModelRecipe(INR_SPEC, train, meta)
+    return ModelRecipe(inr_spec(width), train, meta)
 
 
 RECIPES: dict[str, Callable[[np.random.Generator, int], ModelRecipe]] = {
@@ -175,7 +191,7 @@ RECIPES: dict[str, Callable[[np.random.Generator, int], ModelRecipe]] = {
 
 
 # the training-recipe settings a kind takes (``pipeline zoo make KIND --set KEY=VALUE``): name -> type
-RECIPE_SETTINGS: dict[str, dict[str, type]] = {"mlp-equivariant": EQUIVARIANT_SETTINGS}
+RECIPE_SETTINGS: dict[str, dict[str, type]] = {"mlp-equivariant": EQUIVARIANT_SETTINGS, "inr": INR_SETTINGS}
 
 
 def recipe_settings(kind: str, pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -185,8 +201,13 @@ def recipe_settings(kind: str, pairs: list[str] | tuple[str, ...]) -> dict[str, 
     except ValueError as exc:
         raise ZooGraphError(str(exc)) from None
     for key, value in out.items():
-        if value < 0 or (key == "epochs" and value < 1):
-            raise ZooGraphError(f"{key}={value}: {key} must be {'at least 1' if key == 'epochs' else 'non-negative'}")
+        if value < 0 or (key in ("epochs", "steps", "width") and value < 1):
+            raise ZooGraphError(f"{key}={value}: {key} must be "
+                                f"{'at least 1' if key in ('epochs', 'steps', 'width') else 'non-negative'}")
+        if key == "side" and not 8 <= value <= 128:
+            raise ZooGraphError(f"side={value}: digit images are made at 8 to 128 pixels a side")
+        if key == "w0" and value <= 0:
+            raise ZooGraphError(f"w0={value}: w0 must be positive")
     return out
 
 

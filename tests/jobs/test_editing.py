@@ -221,3 +221,69 @@ def test_train_editor_compares_methods_and_writes_reloadable_edits(inr_catalog, 
         assert torch.allclose(got, want, atol=1e-5)
         target = data.targets[i]
         assert abs(float(((got - target) ** 2).mean()) - recorded_mse) < 1e-5
+
+
+def test_digits_upsampled_to_28_are_the_8x8_digits_made_finer():
+    """The 28x28 grid (the MNIST INR benchmarks' size) is made from scikit-learn's 8x8 digits by
+    bicubic upsampling: same range, the same digit at the same place, sharper than a block copy."""
+    from pipeline.datasets import digit_images as all_digits
+
+    small, big = all_digits(8), all_digits(28)
+    assert big.shape == (len(small), 28, 28) and big.min() >= 0 and big.max() <= 1
+    # averaged back over 3.5-pixel cells (7x7 blocks of 2x2 cells), the big digits are the small ones, roughly
+    back = big.reshape(len(big), 14, 2, 14, 2).mean((2, 4))[:, ::7 // 4 + 1][:, :, ::2][:, :7, :7]
+    assert np.corrcoef(back[:200].ravel(), small[:200, :7, :7].ravel())[0, 1] > 0.7
+    assert np.abs(np.diff(big, axis=2)).max() < np.abs(np.diff(small, axis=2)).max()
+    with pytest.raises(ValueError, match="8 to 128 pixels"):
+        all_digits(4)
+    assert digit_images([3], side=28).shape == (1, 28, 28)
+
+
+def test_an_inr_zoo_at_side_28_is_fitted_edited_and_written_back_with_its_lineage(tmp_path, monkeypatch):
+    """`pipeline zoo make inr --set side=28`: 2x32 SIRENs on upsampled digits, the grid recorded per
+    model; `jobs train-editor` reads it, edits on the 28x28 grid, and its edited INRs invert exactly and
+    ingest with their lineage."""
+    from pipeline.cli import main as pipeline_cli
+    from pipeline.ingest import ingest_zoo
+    from pipeline.neural_graph.build import state_dict_from_graph
+    from pipeline.zoo.kinds import recipe_settings
+
+    monkeypatch.delenv("NEO4J_URI", raising=False)
+    zoo = tmp_path / "inr28"
+    res = CliRunner().invoke(pipeline_cli, ["zoo", "make", "inr", str(zoo), "--n", "10", "--seed", "4",
+                                            "--workers", "1", "--set", "side=28", "--set", "steps=150"])
+    assert res.exit_code == 0, res.output
+    paths = sorted(zoo.glob("*.safetensors"))
+    meta = [read_sidecar(p)["metadata"] for p in paths]
+    assert {m["side"] for m in meta} == {28} and {m["width"] for m in meta} == {32}
+    graph = convert_checkpoint(paths[0]).graph
+    assert MLPLayout.of_graph(graph).sizes == (2, 32, 32, 1)
+    assert ingest_zoo(zoo, tmp_path / "cat", progress=False).ok
+    data = load_edit_data(Catalog(tmp_path / "cat"), EditConfig(edit="dilate"))
+    assert data.side == 28 and data.targets.shape == (10, 784)
+    # the functional forward on the 28x28 grid against the upsampled digit gives the zoo's own MSE
+    pred = mlp_forward(data.params, pixel_grid(28), data.layout.activations)[..., 0]
+    orig = torch.from_numpy(digit_images(data.image_index, side=28).reshape(10, -1).copy())
+    with open(zoo / "metrics.csv") as fh:
+        recorded = {r["model_id"] if "model_id" in r else r["checkpoint"]: float(r["mse"]) for r in csv.DictReader(fh)}
+    con = duck.connect(tmp_path / "cat")
+    ckpt = dict(con.execute("SELECT model_id, checkpoint FROM models").fetchall())
+    con.close()
+    np.testing.assert_allclose(((pred - orig) ** 2).mean(-1).numpy(), [recorded[ckpt[m]] for m in data.model_ids],
+                               rtol=1e-4, atol=1e-6)
+    out = tmp_path / "edited"
+    res = CliRunner().invoke(jobs_cli, ["train-editor", "--catalog", str(tmp_path / "cat"), "--edit", "blur",
+                                        "--no-baselines", "--oce", "2", "--steps", "5", "--hidden", "8",
+                                        "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    con = duck.connect(tmp_path / "cat")
+    edited = con.execute("SELECT edited_from, side, checkpoint FROM models WHERE edited_from IS NOT NULL").fetchall()
+    con.close()
+    assert len(edited) == 10 and {r[1] for r in edited} == {28}
+    state = load_state_dict(out / edited[0][2])
+    again = convert_checkpoint(out / edited[0][2]).graph        # OCE K=2: written twice as wide, and exact
+    assert MLPLayout.of_graph(again).sizes == (2, 64, 64, 1)
+    back = state_dict_from_graph(again)
+    assert set(back) == set(state) and all(torch.equal(back[k], state[k]) for k in state)
+    with pytest.raises(Exception, match="side=4"):
+        recipe_settings("inr", ["side=4"])
