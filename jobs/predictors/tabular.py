@@ -137,12 +137,34 @@ class StatNN(TabularPredictor):
                 "index_only": len(set(parameter_shapes(con, sel.model_ids))) == 1}
 
     def features(self, con, model_ids):
-        return self._with_shape(con, model_ids, statnn_features(con, model_ids))
+        prepare = self.preparation()
+        if prepare is None:
+            return self._with_shape(con, model_ids, statnn_features(con, model_ids))
+        from jobs.training.preparation import read_prepared
+
+        return self._with_shape(con, model_ids, statnn_features_of_graphs(read_prepared(con, model_ids, prepare)))
 
     def features_of_graphs(self, con, model_ids, graphs) -> np.ndarray:
         """The features of in-memory graphs of ``model_ids`` (e.g. rescaled copies: their statistics
-        change, their shape does not)."""
+        change, their shape does not), prepared as the predictor's own inputs are."""
+        prepare = self.preparation()
+        if prepare is not None:
+            from pipeline.graph_codec import read_plans
+
+            arch, plans = read_plans(con, model_ids)
+            graphs = [prepare(g, plans[arch[m]].steps) for m, g in zip(model_ids, graphs)]
         return self._with_shape(con, model_ids, statnn_features_of_graphs(graphs))[0]
+
+    def preparation(self):
+        """The graph preparation its statistics are read after (``settings["prepare"]``: the
+        symmetry part of a run's preparation, e.g. ``{"balanced": True}``, so that a blend with a
+        balanced metanetwork is as invariant as it is), or None: the checkpoint's own weights."""
+        flags = self.settings.get("prepare")
+        if not flags:
+            return None
+        from jobs.training.preparation import run_preparation
+
+        return run_preparation(dict(flags))
 
     def _with_shape(self, con, model_ids, stats: np.ndarray):
         if self.settings.get("index_only"):
@@ -152,7 +174,8 @@ class StatNN(TabularPredictor):
         return stats, np.ones(len(stats), bool)
 
     def note(self) -> str:
-        return ("with shape descriptors; " if self.settings.get("shape") else "") + super().note()
+        prepared = "".join(f"on {k} graphs; " for k, v in (self.settings.get("prepare") or {}).items() if v)
+        return prepared + ("with shape descriptors; " if self.settings.get("shape") else "") + super().note()
 
 
 class StatNNMLP(StatNN):
@@ -185,10 +208,12 @@ class FlatMLP(TabularPredictor):
         return "one parameter shape; " + super().note()
 
 
-def fit_all(con, sel: Selection, names: Sequence[str], seed: int = 0) -> dict[str, tuple[TabularPredictor, Prediction]]:
+def fit_all(con, sel: Selection, names: Sequence[str], seed: int = 0,
+            prepare: dict | None = None) -> dict[str, tuple[TabularPredictor, Prediction]]:
     """These predictors (jobs.predictors names, tabular or weight-space) fitted on one selection;
     tabular ones that read the same features with the same settings (StatNN's two learners) read
-    them once."""
+    them once. ``prepare``: preparation flags the StatNN family reads its statistics after (see
+    ``StatNN.preparation``)."""
     from jobs.predictors import fitted_predictor
 
     read: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
@@ -199,6 +224,8 @@ def fit_all(con, sel: Selection, names: Sequence[str], seed: int = 0) -> dict[st
             out[name] = (p, p.fit(con, sel))
             continue
         p.settings = p.settle(con, sel)
+        if prepare and isinstance(p, StatNN):
+            p.settings["prepare"] = dict(prepare)
         out[name] = (p, p.fit(con, sel, _read_once(read, p, con, sel.model_ids), p.settings))
     return out
 

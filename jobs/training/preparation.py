@@ -59,6 +59,14 @@ def run_preparation(cfg) -> object:
                        get("balanced", False))
 
 
+def symmetry_preparation(cfg) -> dict | None:
+    """The part of a run's preparation that removes rescaling and sign symmetries (``{"balanced":
+    True}`` or ``{"canonical": True}``), or None; the blend's statistics read their graphs after it."""
+    if cfg.balanced:
+        return {"balanced": True}
+    return {"canonical": True} if cfg.canonical else None
+
+
 def training_changes(cfg: DataConfig):
     """(prepare, augment) of the training stream: augment is None when the run has no augmentation
     (training then reads the same graphs as validation). Rescalings act on the checkpoint's own

@@ -25,9 +25,10 @@ def rescaled_test_graphs(con, ids, max_scale: float, seed: int) -> list:
 
 def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, scale: TargetScale,
                    cfg: TrainConfig, device, max_scale: float, baselines=(),
-                   trust: TrustProfile | None = None) -> dict[str, dict]:
-    """Test metrics of the metanetwork (and of the fitted ``baselines`` that read in-memory graphs)
-    on rescaled copies U[1, max_scale] of the test models: ``{"ngnn@xMAX": ..., "statnn@xMAX": ...}``."""
+                   trust: TrustProfile | None = None, stack=None) -> dict[str, dict]:
+    """Test metrics of the metanetwork (and of the fitted ``baselines`` that read in-memory graphs,
+    and of the run's blend ``stack``) on rescaled copies U[1, max_scale] of the test models:
+    ``{"ngnn@xMAX": ..., "statnn@xMAX": ..., "ngnn+statnn+statnn_mlp@xMAX": ...}``."""
     test_idx = np.nonzero(sel.mask("test"))[0]
     ids = [sel.model_ids[i] for i in test_idx]
     graphs = rescaled_test_graphs(con, ids, max_scale, cfg.seed)
@@ -43,7 +44,11 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     listed = GraphList(inputs, sel, stats, raw=bool(cfg.probes))
     task = task_named(sel.task)
     out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, task)
-    metrics = {cfg.model + tag: task.metrics(y, task.decode(out, scale))}
+    pred = task.decode(out, scale)
+    metrics = {cfg.model + tag: task.metrics(y, pred)}
+    if stack is not None and all(hasattr(p, "features_of_graphs") for p in stack.predictors):
+        parts = [p.predict_features(p.features_of_graphs(con, ids, graphs)) for p in stack.predictors]
+        metrics[stack.name + tag] = task.metrics(y, stack.apply(pred, parts))
     if trust is not None:       # how many copies `jobs predict` would flag (the clean test models: beside)
         flagged = int((~trust.in_distribution(scale_profiles(graphs))).sum())
         clean = int((~trust.in_distribution(profiles_of(con, ids))).sum())

@@ -32,7 +32,7 @@ from jobs.training.artifacts import save_metanetwork
 from jobs.training.data import GraphStream, Selection, layer_stats, layer_stats_of_graphs, select_models
 from jobs.training.distributed import DistContext, barrier, broadcast, init_from_env, local_batch_size, shard
 from jobs.training.inference import _batch, infer, infer_ensemble
-from jobs.training.preparation import run_preparation, read_prepared, training_changes
+from jobs.training.preparation import read_prepared, run_preparation, symmetry_preparation, training_changes
 from jobs.training.rescaled import score_rescaled
 from jobs.training.run_weights import predictor_files
 from jobs.training.runs import RunReport, write_back, write_run
@@ -197,7 +197,10 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
                          history=history)
     fitted = fit_all(con, sel, predictor_names("tabular"), cfg.seed) if cfg.baselines else {}
     _score_tabular(task, sel, fitted, results, metrics)
-    stack = stack_with_statistics(task, sel, cfg.model, pred, fitted) if cfg.stack else None
+    partners, invariant = fitted, symmetry_preparation(cfg)
+    if cfg.stack and invariant and fitted:     # statistics of the same invariant graphs: the blend stays invariant
+        partners = fit_all(con, sel, [n for n in fitted if entry(n).stack], cfg.seed, prepare=invariant)
+    stack = stack_with_statistics(task, sel, cfg.model, pred, partners) if cfg.stack else None
     answer = cfg.model
     if stack is not None:
         answer = stack.name
@@ -205,7 +208,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         metrics = {answer: {**task.metrics(sel.targets[test], stack.predictions[test]), "note": stack.note}, **metrics}
     for max_scale in cfg.rescale_test:
         metrics.update(score_rescaled(con, models, sel, stats, scale, cfg, device, max_scale,
-                                      [p for p, r in fitted.values() if r.applicable.all()], trust))
+                                      [p for p, r in fitted.values() if r.applicable.all()], trust, stack))
     con.close()
     artifact = save_metanetwork(catalog, run_id, models, sel, stats, scale, cfg, stack, trust)
     report = RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,

@@ -74,8 +74,9 @@ def canonical_run(tmp_path_factory, catalog_dir):
 
     root = tmp_path_factory.mktemp("sym") / "catalog"
     shutil.copytree(catalog_dir, root)
-    # with signed-log values too: training, the rescaled rows and `jobs predict` must all apply them
-    cfg = TrainConfig(where="zoo = 'cnn'", canonical=True, compress=True, scale_augment=10.0, rescale_test=(1000.0,),
+    # balanced graphs (which start from the canonical ones) with signed-log values: training, the blend's
+    # statistics, the rescaled rows and `jobs predict` must all apply them
+    cfg = TrainConfig(where="zoo = 'cnn'", balanced=True, compress=True, scale_augment=10.0, rescale_test=(1000.0,),
                       **FAST)
     return root, train_heterognn(root, cfg, progress=False)
 
@@ -89,6 +90,11 @@ def test_a_run_scores_rescaled_test_models_beside_the_clean_ones(canonical_run):
     assert report.metrics["ngnn@x1000"]["kendall_tau"] == pytest.approx(report.metrics["ngnn"]["kendall_tau"],
                                                                         abs=0.02)
     assert "ngnn@x1000" in report.summary()
+    # the answer, the blend with statistics read from the same balanced graphs, is as invariant
+    blend = "ngnn+statnn+statnn_mlp"
+    assert report.metrics[blend + "@x1000"]["r2"] == pytest.approx(report.metrics[blend]["r2"], abs=1e-3)
+    # the plain statistics beside it are not
+    assert report.metrics["statnn@x1000"]["r2"] != pytest.approx(report.metrics["statnn"]["r2"], abs=1e-3)
 
 
 def test_compressed_values_are_the_signed_log_of_the_graphs(catalog_dir):
@@ -110,12 +116,13 @@ def test_a_canonical_run_predicts_through_the_canonicalisation(canonical_run):
     root, report = canonical_run
     res = predict(root, report.run_id, where="zoo = 'cnn'")
     con = duck.connect(root)
-    rows = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = 'ngnn'",
-                            [report.run_id]).fetchall())
-    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id LIKE ?",
-                             [report.run_id + "-predict-%"]).fetchall())
-    assert res.n == len(rows) and set(again) == set(rows)
-    assert max(abs(rows[m] - again[m]) for m in rows) < 1e-4
+    for method in ("ngnn", "ngnn+statnn+statnn_mlp"):
+        rows = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = ?",
+                                [report.run_id, method]).fetchall())
+        again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id LIKE ? AND method = ?",
+                                 [report.run_id + "-predict-%", method]).fetchall())
+        assert res.n == len(rows) and set(again) == set(rows)
+        assert max(abs(rows[m] - again[m]) for m in rows) < 1e-4, method
 
 
 def test_rescaling_options_need_a_factor_above_one(catalog_copy):
