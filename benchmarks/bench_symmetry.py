@@ -12,7 +12,8 @@ there the two columns are the same kind of change):
   orbit's representative whose neurons have equal incoming and outgoing norms), canonical with signed-log
   values (``--compress``: the factors pushed forward pile up in the last layers), canonical with
   the quasi layer, with ``--quasi`` (the quasi-equivariant scaling layer) and with
-  ``--scale-augment 1000`` (training on rescalings).
+  ``--scale-augment 1000`` (training on rescalings); under each, ``blend``: the run's answer, the
+  variant blended with StatNN (whose statistics are read from the same balanced or canonical graphs).
 
     .venv/bin/python benchmarks/bench_symmetry.py            # quick: 400-model zoos, 1 seed (~15 min)
     .venv/bin/python benchmarks/bench_symmetry.py --full     # 1,500-model zoos, 3 seeds (< 2 h)
@@ -97,9 +98,10 @@ def main(argv=None) -> None:
                 n_test[group] = n_test.get(group, 0) + (res["n_test"] if seed == 0 and variant == variants[0] else 0)
                 for key, tau in res["taus"].items():
                     method, _, scale = key.partition("@")
-                    if method in ("flat_mlp", "statnn_mlp", "statnn_ridge") or "+" in method:
+                    if method in ("flat_mlp", "statnn_mlp", "statnn_ridge"):
                         continue
-                    name = variant if method == "ngnn" else method
+                    # the variant's own row, and its answer: the blend with statistics (read from the same graphs)
+                    name = variant if method == "ngnn" else f"{variant} blend" if method.startswith("ngnn+") else method
                     table.setdefault(name, {}).setdefault(f"{group} {scale or 'clean'}", []).append(tau)
     cols = [f"{kind}/{act} {s}" for kind, act in groups for s in ("clean", *(f"x{m:g}" for m in SCALES))]
     print(f"\ntest Kendall tau, mean ± sd over {seeds} seed(s) x {max(1, args.folds)} fold(s); test models in all: "
@@ -109,7 +111,7 @@ def main(argv=None) -> None:
     for kind, act in groups:
         mine = [c for c in cols if c.startswith(f"{kind}/{act} ")]
         print(f"\n{kind}/{act}" + " " * max(1, 16 - len(kind) - len(act) - 1) + "".join(f"{c.split(' ')[1]:>16s}" for c in mine))
-        for name in ("statnn", *variants):
+        for name in ("statnn", *(n for v in variants for n in (v, f"{v} blend"))):
             cells = []
             for c in mine:
                 v = np.array(table.get(name, {}).get(c, []), dtype=float)
