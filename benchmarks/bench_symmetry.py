@@ -89,8 +89,9 @@ def main(argv=None) -> None:
         for variant in variants:
             for seed, fold in itertools.product(range(seeds), range(max(1, args.folds))):
                 try:
-                    res = run_variant(cat, variant, seed, epochs, baselines=(variant == variants[0]),
-                                      folds=args.folds, fold=fold, activation=act)
+                    # every variant fits the baselines: its answer is blended with them
+                    res = run_variant(cat, variant, seed, epochs, baselines=True, folds=args.folds, fold=fold,
+                                      activation=act)
                 except Exception as exc:          # e.g. too few models of this activation in the zoo
                     print(f"  {variant} {act}: skipped ({str(exc).splitlines()[0]})", flush=True)
                     break
@@ -98,7 +99,8 @@ def main(argv=None) -> None:
                 n_test[group] = n_test.get(group, 0) + (res["n_test"] if seed == 0 and variant == variants[0] else 0)
                 for key, tau in res["taus"].items():
                     method, _, scale = key.partition("@")
-                    if method in ("flat_mlp", "statnn_mlp", "statnn_ridge"):
+                    if method in ("flat_mlp", "statnn_mlp", "statnn_ridge") or (
+                            method == "statnn" and variant != variants[0]):      # the same statistics in every run
                         continue
                     # the variant's own row, and its answer: the blend with statistics (read from the same graphs)
                     name = variant if method == "ngnn" else f"{variant} blend" if method.startswith("ngnn+") else method
