@@ -252,15 +252,17 @@ def _outgoing_norms(graph: NeuralGraph, weight: np.ndarray, extra: np.ndarray, l
     return np.sqrt(sq)
 
 
-def balanced_scaling(graph: NeuralGraph, steps: list[dict] | None = None, sweeps: int = 12) -> NeuralGraph:
+def balanced_scaling(graph: NeuralGraph, steps: list[dict] | None = None, sweeps: int = 30,
+                     tolerance: float = 1e-7) -> NeuralGraph:
     """The balanced representative of a graph's rescaling orbit: from the canonical graph
     (``canonical_scaling``, so every member of an orbit starts from the same point), each rescalable
-    neuron's factor is set so that its incoming and outgoing coefficients have equal norms, class by
-    class in layer order, ``sweeps`` times (coordinate descent on the total squared norm, which is
-    convex in the log-factors). Weight decay drives training towards this balance, so a trained
-    network's balanced form is close to the network itself, unlike the unit-norm canonical form,
-    whose pushed-forward factors pile up in the last layer; and, being a deterministic function of
-    the canonical graph, it is exactly as invariant."""
+    neuron's factor is set so that its incoming and outgoing coefficients have equal norms, all
+    classes at once, up to ``sweeps`` times or until no factor moves by more than ``tolerance``
+    (every sweep is one pass over the graph, whatever its depth; the fixed point minimises the total
+    squared norm, which is convex in the log-factors). Weight decay drives training towards this
+    balance, so a trained network's balanced form is close to the network itself, unlike the
+    unit-norm canonical form, whose pushed-forward factors pile up in the last layer; and, being a
+    deterministic function of the canonical graph, it is exactly as invariant."""
     current, _ = canonical_scaling(graph, steps)
     reps, groups = scale_classes(current, steps)
     sizes, offsets = current.layer_sizes(), current.layer_offsets()
@@ -268,21 +270,24 @@ def balanced_scaling(graph: NeuralGraph, steps: list[dict] | None = None, sweeps
     for layer, rep in enumerate(reps):
         if SCALE in groups[rep]:
             classes.setdefault(rep, []).append(layer)
-    for _ in range(sweeps):
-        for rep, layers in classes.items():
-            w, x = current.weight.astype(np.float64), current.extra.astype(np.float64)
-            inn, _ = _incoming_norms(current, w, current.bias.astype(np.float64), x, set(layers))
-            out = _outgoing_norms(current, w, x, set(layers))
+    layers = {layer for members in classes.values() for layer in members}
+    for _ in range(sweeps if classes else 0):
+        w, x = current.weight.astype(np.float64), current.extra.astype(np.float64)
+        inn, _ = _incoming_norms(current, w, current.bias.astype(np.float64), x, layers)
+        out = _outgoing_norms(current, w, x, layers)
+        step = np.ones(current.num_nodes)
+        for rep, members in classes.items():
             n = int(sizes[rep])
             si, so = np.zeros(n), np.zeros(n)
-            for layer in layers:
+            for layer in members:
                 sl = slice(offsets[layer], offsets[layer] + sizes[layer])
                 si += inn[sl] ** 2
                 so += out[sl] ** 2
             ok = (si > 0) & (so > 0)
             f = np.where(ok, (np.where(ok, so, 1.0) / np.where(ok, si, 1.0)) ** 0.25, 1.0)
-            step = np.ones(current.num_nodes)
-            for layer in layers:
+            for layer in members:
                 step[offsets[layer]:offsets[layer] + sizes[layer]] = f
-            current = apply_neuron_factors(current, step)
+        current = apply_neuron_factors(current, step)
+        if np.abs(step - 1.0).max() < tolerance:
+            break
     return current

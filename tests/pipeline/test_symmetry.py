@@ -138,9 +138,9 @@ def test_the_balanced_form_is_one_representative_per_orbit_with_equal_in_and_out
     rescalable neuron of an untied layer ends with incoming norm = outgoing norm, and the total
     squared norm is no more than the network's own (the balance minimises it over the orbit)."""
     spec, model, conv = _convert(name, seed % 5)
-    base = balanced_scaling(conv.graph, conv.plan.steps, sweeps=40)
+    base = balanced_scaling(conv.graph, conv.plan.steps, sweeps=200)
     moved = random_rescaling(conv.graph, np.random.default_rng(seed), 1e3, steps=conv.plan.steps)
-    again = balanced_scaling(moved, conv.plan.steps, sweeps=40)
+    again = balanced_scaling(moved, conv.plan.steps, sweeps=200)
     np.testing.assert_allclose(again.weight, base.weight, rtol=1e-3, atol=1e-5)
     np.testing.assert_allclose(again.bias, base.bias, rtol=1e-3, atol=1e-5)
     x = sample_input(spec, n=8, seed=seed)
