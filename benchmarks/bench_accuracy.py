@@ -225,7 +225,8 @@ def main(argv=None) -> None:
     ap.add_argument("--folds", type=int, default=3, help="K of the K-fold split (default 3)")
     ap.add_argument("--epochs", type=int, default=None,
                     help="metanetwork epochs per ensemble member (default: the recipe's, 10)")
-    ap.add_argument("--zoos", default="cnn,cnn-fixed", help="comma-separated zoo kinds")
+    ap.add_argument("--zoos", default=None, help="comma-separated zoo kinds (default cnn,cnn-fixed; with --blind, "
+                    "some of the blind ones)")
     ap.add_argument("--blind", action="store_true",
                     help=f"the blind zoos instead ({', '.join(BLIND)}; benchmarks/blind, written without reading "
                     "this project's generators): report only, never choose a lever by them")
@@ -256,7 +257,11 @@ def main(argv=None) -> None:
     tables = []
     curves = []
     sizes = [int(s) for s in args.curve.split(",")] if args.curve else [None]
-    for kind in (BLIND if args.blind else args.zoos.split(",")):
+    kinds = args.zoos.split(",") if args.zoos else list(BLIND if args.blind else ("cnn", "cnn-fixed"))
+    unknown = set(kinds) - set(BLIND) if args.blind else set()
+    if unknown:
+        ap.error(f"unknown blind zoo(s) {sorted(unknown)}; the blind zoos are {', '.join(BLIND)}")
+    for kind in kinds:
         cat = blind_catalog(kind, n, args.seed) if args.blind else zoo_catalog(kind, n)
         print(f"{kind}: {n}-model zoo, {args.folds} folds, {epochs} epochs", flush=True)
         available = min(training_models(cat, args.folds, fold) for fold in range(args.folds))
