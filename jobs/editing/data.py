@@ -124,24 +124,21 @@ def load_edit_data(catalog: Catalog, cfg: EditConfig) -> EditData:
         if len(archs) > 1:
             raise JobError(f"the selected INRs have {len(archs)} architectures; one editor edits one architecture "
                            "(narrow --where)")
-        side = 8
-        if "side" in cols:          # INRs of upsampled digits (pipeline zoo make inr --set side=28); missing: 8x8
-            cur = con.cursor()
-            ids_table(cur, sel.model_ids)
-            sides = sorted({8 if s is None else int(s) for s, in cur.execute(
-                "SELECT side FROM models JOIN _ids USING (model_id)").fetchall()})
-            cur.close()
-            if len(sides) > 1:
-                raise JobError(f"the selected INRs are fitted on grids of {', '.join(map(str, sides))} pixels a side; "
-                               "one editor edits one grid (narrow --where, e.g. --where 'side = 28')")
-            side = sides[0]
-        arch, plans = read_plans(con, sel.model_ids)
-        graphs = read_graphs(con, sel.model_ids, plans=plans)
+        # one read of the selection's metadata: what an edit inherits, and the grid side (a typed column of
+        # INRs of upsampled digits, pipeline zoo make inr --set side=28; missing: 8x8)
         cur = con.cursor()
         ids_table(cur, sel.model_ids)
-        inherited = {m: _inherited(json.loads(j or "{}")) for m, j in
-                     cur.execute("SELECT model_id, metadata_json FROM models JOIN _ids USING (model_id)").fetchall()}
+        rows = cur.execute("SELECT model_id, metadata_json, " + ("side" if "side" in cols else "NULL") +
+                           " FROM models JOIN _ids USING (model_id)").fetchall()
         cur.close()
+        inherited = {m: _inherited(json.loads(j or "{}")) for m, j, _ in rows}
+        sides = sorted({8 if s is None else int(s) for _, _, s in rows})
+        if len(sides) > 1:
+            raise JobError(f"the selected INRs are fitted on grids of {', '.join(map(str, sides))} pixels a side; "
+                           "one editor edits one grid (narrow --where, e.g. --where 'side = 28')")
+        side = sides[0] if sides else 8
+        arch, plans = read_plans(con, sel.model_ids)
+        graphs = read_graphs(con, sel.model_ids, plans=plans)
     finally:
         con.close()
     counts = {s: int((sel.splits == s).sum()) for s in ("train", "val", "test")}

@@ -36,6 +36,7 @@ from torch import nn
 
 from jobs.analysis.catalog_models import catalog_state_dicts
 from jobs.predictors.tabular import MIN_TRAIN, Prediction
+from jobs.training.compare import kendall_tau
 from jobs.training.data import Selection
 from jobs.training.tasks import task_named
 from zoocore.errors import JobError
@@ -43,13 +44,14 @@ from zoocore.errors import JobError
 NFN_GRID = [{"lr": lr, "hchannels": [16, 16, 5]} for lr in (1e-3, 3e-4)]
 
 
-def require_nfn(module: str = "nfn"):
+def require_extra(module: str = "nfn", name: str = "NFN"):
+    """``module`` of the optional extra ``peers`` (nfn, weightwatcher), or a JobError saying how to install it."""
     import importlib
 
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise JobError(f"NFN needs the optional extra: pip install 'zoograph[peers]' ({exc})") from None
+        raise JobError(f"{name} needs the optional extra: pip install 'zoograph[peers]' ({exc})") from None
 
 
 @dataclass(frozen=True)
@@ -111,14 +113,14 @@ def weight_arrays(layout: Sequence[NFNLayer], states: Sequence[dict]) -> tuple[l
 
 def wsfeat(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], rows, device="cpu"):
     """nfn ``WeightSpaceFeatures`` of the models ``rows``."""
-    common = require_nfn("nfn.common")
+    common = require_extra("nfn.common")
     return common.WeightSpaceFeatures([torch.as_tensor(w[rows], device=device) for w in weights],
                                       [torch.as_tensor(b[rows], device=device) for b in biases])
 
 
 def network_spec(layout: Sequence[NFNLayer]):
     """nfn's ``NetworkSpec`` of a layout (from one all-zero model of its shapes)."""
-    common = require_nfn("nfn.common")
+    common = require_extra("nfn.common")
     zeros = common.WeightSpaceFeatures([torch.zeros(1, 1, *layer.shape) for layer in layout],
                                        [torch.zeros(1, 1, layer.shape[0]) for layer in layout])
     return common.network_spec_from_wsfeat(zeros)
@@ -130,7 +132,7 @@ def nfn_predictor(spec, mode: str = "HNP", hchannels: Sequence[int] = (16, 16, 5
     ``standardise``: per-layer arrays (weight means, weight stds, bias means, bias stds), each of a
     layer's shape without the batch axis, to subtract and divide by (the authors' NP input
     standardisation; per position, so it does not commute with neuron permutations)."""
-    layers = require_nfn("nfn.layers")
+    layers = require_extra("nfn.layers")
 
     class InvariantNFN(nn.Module):
         def __init__(self):
@@ -169,12 +171,6 @@ class WeightSpace:
     biases: list[np.ndarray]
     ok: np.ndarray                      # (n_models,) bool: of the parameter shape, so read
     rows: np.ndarray                    # index into the arrays of each model (-1 where not ok)
-
-
-def _tau(y, p) -> float:
-    from jobs.training.compare import kendall_tau
-
-    return kendall_tau(y, p)
 
 
 class NFN:
@@ -225,7 +221,7 @@ class NFN:
     def fit(self, con, sel: Selection, features: WeightSpace | None = None, settings: dict | None = None,
             log=None) -> Prediction:
         """Fit on ``sel``'s training split (``features``: already read with ``settings``)."""
-        require_nfn()
+        require_extra()
         if not task_named(sel.task).numeric:
             raise JobError(f"{self.name} predicts a number in [0, 1] (an accuracy), not a {sel.task} target")
         self.task, self.target, self.classes = sel.task, sel.target, list(sel.classes)
@@ -258,7 +254,7 @@ class NFN:
                     out = model(wsfeat(ws.weights, ws.biases, tr[b], self.device))
                     nn.functional.binary_cross_entropy(out, y[b].to(self.device)).backward()
                     opt.step()
-                tau = _tau(sel.targets[val], self._run(model, ws, va))
+                tau = kendall_tau(sel.targets[val], self._run(model, ws, va))
                 if tau > best[0]:
                     best = (tau, params, copy.deepcopy(model.state_dict()), epoch + 1)
             if log:

@@ -30,6 +30,8 @@ import torch
 from torch import nn
 
 from jobs.analysis.catalog_models import catalog_state_dicts
+from jobs.predictors.nfn import require_extra
+from jobs.training.compare import kendall_tau
 from jobs.training.data import Selection
 from zoocore.errors import JobError
 
@@ -39,22 +41,7 @@ WW_LAYER = ("alpha", "alpha_weighted", "log_alpha_norm", "log_norm", "log_spectr
 WW_MAX_LAYERS = 16
 
 
-def _require(package: str):
-    import importlib
-
-    try:
-        return importlib.import_module(package)
-    except ImportError as exc:
-        raise JobError(f"the peer methods need the optional extra: pip install 'zoograph[peers]' ({exc})") from None
-
-
 # ---------------------------------------------------------------- weights out of the catalog
-
-def _tau(y, p) -> float:
-    from jobs.training.compare import kendall_tau
-
-    return kendall_tau(y, p)
-
 
 def _module(spec: dict | None, state: dict) -> nn.Module:
     from pipeline.spec import build_module
@@ -71,7 +58,7 @@ def _module(spec: dict | None, state: dict) -> nn.Module:
 def ww_metrics(spec: dict | None, state: dict) -> tuple[dict[str, float], list[dict[str, float]]]:
     """WeightWatcher's summary and per-layer metrics of one model (every conv and linear layer:
     ``min_evals=1`` keeps the small layers of small CNNs that the default of 8 eigenvalues drops)."""
-    ww = _require("weightwatcher")
+    ww = require_extra("weightwatcher", "WeightWatcher")
     logging.getLogger("weightwatcher").setLevel(logging.ERROR)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
@@ -118,7 +105,7 @@ def zero_training(metric: np.ndarray, y: np.ndarray, train: np.ndarray) -> tuple
     if not finite[train].any():
         return np.full(len(x), np.nan), "no finite value on the training split"
     x[~finite] = np.median(x[train & finite])
-    sign = 1.0 if _tau(y[train], x[train]) >= 0 else -1.0
+    sign = 1.0 if kendall_tau(y[train], x[train]) >= 0 else -1.0
     z = sign * x
     slope, icept = np.polyfit(z[train], y[train], 1) if np.ptp(z[train]) > 0 else (0.0, y[train].mean())
     if slope <= 0:        # the line disagrees with the rank sign: keep the order, predict the mean
