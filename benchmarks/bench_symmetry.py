@@ -15,12 +15,14 @@ there the two columns are the same kind of change):
   ``--scale-augment 1000`` (training on rescalings); under each, ``blend``: the run's answer, the
   variant blended with StatNN (whose statistics are read from the same balanced or canonical graphs).
 
-    .venv/bin/python benchmarks/bench_symmetry.py            # quick: 400-model zoos, 1 seed (~15 min)
-    .venv/bin/python benchmarks/bench_symmetry.py --full     # 1,500-model zoos, 3 seeds (< 2 h)
+    .venv/bin/python benchmarks/bench_symmetry.py            # quick: 400-model zoos, every variant, 20 epochs
+    .venv/bin/python benchmarks/bench_symmetry.py --full     # 1,500-model zoos, plain and balanced, the recipe's epochs
 
 Every model is a test model once: K folds by hash of model_id (``--folds``, default 3);
 seeds change the metanetworks' initialisation and training order; the spread printed is over
-folds and seeds. Zoos are made with ``pipeline zoo make`` into
+folds and seeds. Below the table, each variant's paired difference to plain NG-GNN (same seed and
+fold; its blend to the plain blend) on clean test models, and each one's loss under the largest
+rescaling (clean minus rescaled tau, same runs): what issue #33's bar reads. Zoos are made with ``pipeline zoo make`` into
 /tmp/zoograph-bench and reused.
 """
 from __future__ import annotations
@@ -60,22 +62,29 @@ def run_variant(cat: Path, variant: str, seed: int, epochs: int, baselines: bool
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--full", action="store_true", help="1,500-model zoos and 3 seeds (default: quick)")
+    ap.add_argument("--full", action="store_true",
+                    help="1,500-model zoos (about 500 test models per fold), plain and balanced NG-GNN, the "
+                    "recipe's epochs (default: quick)")
     ap.add_argument("--n", type=int, default=None, help="models per zoo (default 400 quick, 1500 full)")
-    ap.add_argument("--seeds", type=int, default=None, help="seeds per method (default 1 quick, 3 full)")
-    ap.add_argument("--epochs", type=int, default=None, help="NG-GNN epochs (default 20 quick, 40 full)")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds per method (default 1)")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="epochs per ensemble member (default 20 quick, the recipe's 10 full)")
     ap.add_argument("--zoos", default="cnn-fixed,cnn", help="comma-separated zoo kinds")
     ap.add_argument("--activations", default="relu,tanh",
                     help="comma-separated activations, each its own runs: relu-like models are rescaled, tanh "
                     "models sign-flipped (odd), gelu/silu are the control (no symmetry to protect)")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default=None,
+                    help=f"comma-separated, of {', '.join(VARIANTS)} (default all quick, ngnn,ngnn+balanced full)")
     ap.add_argument("--folds", type=int, default=3,
                     help="K-fold splits (every model tested once); 0 = the zoo's hash split")
     args = ap.parse_args(argv)
+    from jobs.config import TrainConfig
+
     n = args.n or (1500 if args.full else 400)
-    seeds = args.seeds or (3 if args.full else 1)
-    epochs = args.epochs or (40 if args.full else 20)
-    variants = [v for v in args.variants.split(",") if v]
+    seeds = max(1, args.seeds)
+    epochs = args.epochs or (TrainConfig().epochs if args.full else 20)
+    variants = [v for v in (args.variants or ("ngnn,ngnn+balanced" if args.full else ",".join(VARIANTS))).split(",")
+                if v]
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         ap.error(f"unknown variant(s) {sorted(unknown)}; known: {', '.join(VARIANTS)}")
@@ -112,13 +121,29 @@ def main(argv=None) -> None:
           "random where the activation is odd; the function is unchanged)")
     for kind, act in groups:
         mine = [c for c in cols if c.startswith(f"{kind}/{act} ")]
-        print(f"\n{kind}/{act}" + " " * max(1, 16 - len(kind) - len(act) - 1) + "".join(f"{c.split(' ')[1]:>16s}" for c in mine))
+        print(f"\n{kind}/{act}" + " " * max(1, 22 - len(kind) - len(act) - 1) + "".join(f"{c.split(' ')[1]:>16s}" for c in mine))
         for name in ("statnn", *(n for v in variants for n in (v, f"{v} blend"))):
             cells = []
             for c in mine:
                 v = np.array(table.get(name, {}).get(c, []), dtype=float)
                 cells.append(f"{v.mean():.3f} ± {v.std():.3f}" if len(v) else "n/a")
-            print(f"{name:16s}" + "".join(f"{x:>16s}" for x in cells))
+            print(f"{name:22s}" + "".join(f"{x:>16s}" for x in cells))
+    if "ngnn" in variants and len(variants) > 1:
+        print(f"\npaired, same seed and fold: clean tau minus plain NG-GNN's (a blend minus the plain blend); "
+              f"loss = clean minus x{max(SCALES):g} tau of the same runs; mean ± sd over runs")
+        for kind, act in groups:
+            print(f"{kind}/{act}")
+            for name in (n for v in variants for n in (v, f"{v} blend")):
+                base = "ngnn blend" if name.endswith(" blend") else "ngnn"
+                cell = lambda nm, sc: np.array(table.get(nm, {}).get(f"{kind}/{act} {sc}", []), dtype=float)
+                clean, moved, ref = cell(name, "clean"), cell(name, f"x{max(SCALES):g}"), cell(base, "clean")
+                if not len(clean):
+                    continue
+                d = clean - ref if name != base and len(ref) == len(clean) else None
+                loss = clean - moved if len(moved) == len(clean) else None
+                print(f"  {name:22s}" + (f"  d clean {d.mean():+.3f} ± {d.std():.3f}" if d is not None
+                                         else " " * 24)
+                      + (f"   loss x{max(SCALES):g} {loss.mean():+.3f} ± {loss.std():.3f}" if loss is not None else ""))
     print(f"\n{time.perf_counter() - started:.0f}s in all")
 
 

@@ -4,6 +4,9 @@ compute, scale canonicalisation (or balancing), signed-log values, and the train
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import threading
+from collections import OrderedDict
 
 import numpy as np
 
@@ -32,6 +35,50 @@ def balanced_graph(graph, steps):
     return balanced_scaling(graph, steps)
 
 
+class _Memo:
+    """Symmetry-removed graphs already computed in this process, by (kind, content digest), least
+    recently used first out past ``budget`` bytes. A run reads each model's balanced graph for the
+    layer statistics, the stream and the blend's StatNN, and its rescaled test copies twice more
+    (metanetwork and StatNN): balancing a ResNet-18 graph takes a minute, hashing it a fraction of
+    a second. The graphs are deterministic functions of their content, and no caller changes the
+    arrays of a graph it is given."""
+
+    def __init__(self, budget: int = 1 << 30):
+        self.budget, self.used = budget, 0
+        self.items: OrderedDict = OrderedDict()
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def digest(graph) -> bytes:
+        h = hashlib.blake2b(digest_size=20)
+        for a in (graph.weight, graph.bias, graph.extra, graph.src, graph.dst, graph.relation, graph.edge_op,
+                  graph.node_layer, graph.node_type):
+            h.update(str(a.shape).encode())
+            h.update(np.ascontiguousarray(a).data)
+        h.update(repr((graph.layer_activation, graph.kernel_shape)).encode())
+        return h.digest()
+
+    def get(self, kind: str, graph, make):
+        key = (kind, self.digest(graph))
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key][0]
+        out = make()
+        size = sum(a.nbytes for a in (out.weight, out.bias, out.extra, out.src, out.dst))
+        with self.lock:
+            if key not in self.items and size <= self.budget:
+                self.items[key] = (out, size)
+                self.used += size
+                while self.used > self.budget:
+                    _, (_, freed) = self.items.popitem(last=False)
+                    self.used -= freed
+        return out
+
+
+_MEMO = _Memo()
+
+
 def preparation(canonical: bool = False, bn_stats: bool = False, compress: bool = False, balanced: bool = False):
     """The GraphStream ``prepare`` a run's graphs get (None: none): the scale canonicalisation (or the
     balanced representative, which starts from it), then batch norms as their evaluation-time affine
@@ -43,9 +90,9 @@ def preparation(canonical: bool = False, bn_stats: bool = False, compress: bool 
 
     def prepare(graph, steps):
         if balanced:
-            graph = balanced_graph(graph, steps)
+            graph = _MEMO.get("balanced", graph, lambda: balanced_graph(graph, steps))
         elif canonical:
-            graph = canonical_graph(graph, steps)
+            graph = _MEMO.get("canonical", graph, lambda: canonical_graph(graph, steps))
         if bn_stats:
             graph = effective_batch_norms(graph)
         return compressed(graph) if compress else graph

@@ -174,3 +174,30 @@ def test_a_quasi_run_reports_its_overhead_and_reloads(catalog_copy):
     assert models[0].quasi is not None and meta.model.quasi is True
     assert predict(catalog_copy, report.run_id, where="zoo = 'cnn'").n == report.n_models["train"] + \
         report.n_models["val"] + report.n_models["test"]
+
+
+def test_balanced_graphs_are_computed_once_per_content(catalog_dir, monkeypatch):
+    from jobs.training import preparation as prep
+    from pipeline.neural_graph.symmetry import random_rescaling
+    from pipeline.graph_codec import read_plans
+
+    calls = []
+    real = prep.balanced_graph
+    monkeypatch.setattr(prep, "balanced_graph", lambda g, steps: calls.append(1) or real(g, steps))
+    monkeypatch.setattr(prep, "_MEMO", prep._Memo())
+    con = duck.connect(catalog_dir)
+    ids = [m for m, in con.execute("SELECT model_id FROM models WHERE zoo = 'cnn' "
+                                   "AND activation = 'relu' LIMIT 4").fetchall()]
+    prepare = prep.preparation(balanced=True)
+    first = read_prepared(con, ids, prepare)
+    again = read_prepared(con, ids, prep.preparation(balanced=True))     # a second reader in the same run
+    assert len(calls) == len(ids) and all(a is b for a, b in zip(first, again))
+    arch, plans = read_plans(con, ids)
+    g, = read_graphs(con, ids[:1])
+    moved = random_rescaling(g, np.random.default_rng(3), 1e3, steps=plans[arch[ids[0]]].steps)
+    out = prepare(moved, plans[arch[ids[0]]].steps)     # other values: computed, and the same orbit's representative
+    assert len(calls) == len(ids) + 1
+    np.testing.assert_allclose(out.weight, first[0].weight, rtol=1e-3, atol=1e-5)
+    small = prep._Memo(budget=1)                         # past its budget it computes and keeps nothing
+    small.get("balanced", g, lambda: real(g, plans[arch[ids[0]]].steps))
+    assert not small.items and small.used == 0
