@@ -17,6 +17,11 @@ metanetwork's K = 1 with a bootstrap 95% interval (test INRs resampled, the same
 difference averaged over seeds); an interval that holds 0 is no effect. Seconds per row are the
 training time of one editor.
 
+Every row of every seed is kept as it finishes (``--results``, default under /tmp/zoograph-bench),
+and a rerun with the same zoo, edit and steps reads the rows it finds instead of training them
+again: the full table can be filled over several sessions, or by two processes at once (one per
+``--models``), and ``--fresh`` starts over.
+
     .venv/bin/python benchmarks/bench_oce.py              # quick: 300 INRs, 1 seed, NG-GNN K = 1, 4 (~15 min)
     .venv/bin/python benchmarks/bench_oce.py --full       # 1,000 INRs, 3 seeds, NG-GNN and NG-T, K = 1, 2, 4, 8
 """
@@ -91,6 +96,10 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=400, help="optimiser steps per editor (jobs train-editor's 400)")
     ap.add_argument("--floor-steps", type=int, default=1000, help="steps of the directly fitted SIRENs")
     ap.add_argument("--resamples", type=int, default=1000)
+    ap.add_argument("--results", type=Path, default=None,
+                    help="where finished rows are kept and read back (default CACHE/oce-rows-N-EDIT-STEPS)")
+    ap.add_argument("--fresh", action="store_true", help="train every row again (the kept rows are replaced)")
+    ap.add_argument("--no-floor", action="store_true", help="skip the capacity floor rows")
     args = ap.parse_args(argv)
     from graphstore.catalog import Catalog
     from jobs.editing.data import EditConfig, load_edit_data
@@ -109,11 +118,28 @@ def main(argv=None) -> None:
     device = torch.device("cpu")
     rows: dict[str, list[np.ndarray]] = {}
     seconds: dict[str, list[float]] = {}
+    kept = args.results or CACHE / f"oce-rows-{n}-{args.edit}-{args.steps}"
+    kept.mkdir(parents=True, exist_ok=True)
 
-    def add(name: str, mse: np.ndarray, secs: float) -> None:
+    def add(name: str, seed: int, run) -> None:
+        """The row ``name`` of ``seed``: read back if kept, else ``run()`` -> (mse, seconds), kept."""
+        path = kept / f"{name.replace(' ', '_').replace('=', '')}-seed{seed}.npz"
+        if path.exists() and not args.fresh:
+            with np.load(path) as z:          # arrays written below: no pickle
+                mse, secs, how = z["mse"], float(z["seconds"]), "kept"
+        else:
+            mse, secs = run()
+            np.savez(path.with_suffix(".tmp.npz"), mse=mse, seconds=secs)
+            path.with_suffix(".tmp.npz").replace(path)
+            how = "trained"
         rows.setdefault(name, []).append(mse)
         seconds.setdefault(name, []).append(secs)
-        print(f"  {name:14s} seed {len(rows[name]) - 1}: test MSE {mse.mean():.5f} ({secs:.0f}s)", flush=True)
+        print(f"  {name:14s} seed {seed}: test MSE {mse.mean():.5f} ({secs:.0f}s, {how})", flush=True)
+
+    def timed(fn):
+        t = time.perf_counter()
+        out = fn()
+        return out, time.perf_counter() - t
 
     data = None
     for seed in range(seeds):
@@ -123,24 +149,27 @@ def main(argv=None) -> None:
         if seed == 0:
             counts = {s: int((data.splits == s).sum()) for s in ("train", "val", "test")}
             print(f"{n} INRs at {data.side}x{data.side}, edit {args.edit!r}: {counts}", flush=True)
-        add("identity", score(None, data, test, device), 0.0)
+        add("identity", seed, lambda: (score(None, data, test, device), 0.0))
         if nfn_available() is None:
-            torch.manual_seed(seed)
-            t = time.perf_counter()
-            nfn, _ = fit_editor(NFNEditor(data.layout.sizes, 1, cfg.nfn_channels), data, cfg, device, "nfn", False)
-            add("nfn", score(nfn, data, test, device), time.perf_counter() - t)
+            def nfn_row():
+                torch.manual_seed(seed)
+                (nfn, _), secs = timed(lambda: fit_editor(NFNEditor(data.layout.sizes, 1, cfg.nfn_channels), data,
+                                                          cfg, device, "nfn", False))
+                return score(nfn, data, test, device), secs
+            add("nfn", seed, nfn_row)
         for model in models:
             for k in ks:
-                torch.manual_seed(seed)
-                mcfg = EditConfig(edit=args.edit, steps=args.steps, seed=seed, model=model, oce=k)
-                t = time.perf_counter()
-                editor, _ = fit_editor(graph_editor(data, mcfg, k), data, mcfg, device, f"{model} K={k}", False)
-                add(f"{model} K={k}", score(editor, data, test, device), time.perf_counter() - t)
+                def editor_row():
+                    torch.manual_seed(seed)
+                    mcfg = EditConfig(edit=args.edit, steps=args.steps, seed=seed, model=model, oce=k)
+                    (editor, _), secs = timed(lambda: fit_editor(graph_editor(data, mcfg, k), data, mcfg, device,
+                                                                 f"{model} K={k}", False))
+                    return score(editor, data, test, device), secs
+                add(f"{model} K={k}", seed, editor_row)
     test = data.index("test")
     width = data.layout.sizes[1]
-    for k in ks:
-        t = time.perf_counter()
-        add(f"floor w={width * k}", capacity_floor(data, test, width * k, args.floor_steps), time.perf_counter() - t)
+    for k in ([] if args.no_floor else ks):
+        add(f"floor w={width * k}", 0, lambda: timed(lambda: capacity_floor(data, test, width * k, args.floor_steps)))
 
     ident = float(np.mean([m.mean() for m in rows["identity"]]))
     print(f"\n{args.edit} on {len(test)} test INRs of {n} at {data.side}x{data.side}; mean ± sd over {seeds} seed(s); "

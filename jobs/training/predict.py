@@ -18,7 +18,7 @@ from jobs.training.preparation import run_preparation
 from jobs.training.run_weights import read_predictor, require_run
 from jobs.training.runs import PredictReport, write_back, write_run
 from jobs.training.tasks import task_named
-from jobs.training.trust import profiles_of, warning_line
+from jobs.training.trust import warning_line
 from zoocore.errors import JobError
 
 
@@ -54,7 +54,7 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     results = {kind: task.decode(out, manifest.scale)}
     if stack is not None:
         results = {**stack.predict(con, sel.model_ids, results[kind]), **results}
-    flags = manifest.trust.in_distribution(profiles_of(con, sel.model_ids)) if manifest.trust is not None else None
+    flags = manifest.trust.judge_catalog(con, sel.model_ids) if manifest.trust is not None else None
     con.close()
     return _write_predictions(catalog, run_id, where, sel, results, emb, store, flags)
 

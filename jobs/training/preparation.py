@@ -108,10 +108,23 @@ def run_preparation(cfg) -> object:
 
 def symmetry_preparation(cfg) -> dict | None:
     """The part of a run's preparation that removes rescaling and sign symmetries (``{"balanced":
-    True}`` or ``{"canonical": True}``), or None; the blend's statistics read their graphs after it."""
-    if cfg.balanced:
+    True}`` or ``{"canonical": True}``), or None; the blend's statistics and the trust profile read
+    their graphs after it. ``cfg``: a DataConfig, or a saved run's ``train`` dict."""
+    get = cfg.get if isinstance(cfg, dict) else lambda k, d=False: getattr(cfg, k)
+    if get("balanced", False):
         return {"balanced": True}
-    return {"canonical": True} if cfg.canonical else None
+    return {"canonical": True} if get("canonical", False) else None
+
+
+def prepared_graphs(con, model_ids, graphs, flags: dict) -> list:
+    """In-memory graphs of catalog models (e.g. rescaled copies) through the preparation ``flags``."""
+    from pipeline.graph_codec import read_plans
+
+    prepare = run_preparation(flags)
+    if prepare is None:
+        return list(graphs)
+    arch, plans = read_plans(con, list(model_ids))
+    return [prepare(g, plans[arch[m]].steps) for m, g in zip(model_ids, graphs)]
 
 
 def training_changes(cfg: DataConfig):

@@ -10,7 +10,7 @@ from jobs.training.data import GraphList, LayerStats, Selection
 from jobs.training.inference import infer_ensemble
 from jobs.training.preparation import run_preparation
 from jobs.training.tasks import TargetScale, task_named
-from jobs.training.trust import TrustProfile, profiles_of, scale_profiles
+from jobs.training.trust import TrustProfile
 
 
 def rescaled_test_graphs(con, ids, max_scale: float, seed: int) -> list:
@@ -50,8 +50,8 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
         parts = [p.predict_features(p.features_of_graphs(con, ids, graphs)) for p in stack.predictors]
         metrics[stack.name + tag] = task.metrics(y, stack.apply(pred, parts))
     if trust is not None:       # how many copies `jobs predict` would flag (the clean test models: beside)
-        flagged = int((~trust.in_distribution(scale_profiles(graphs))).sum())
-        clean = int((~trust.in_distribution(profiles_of(con, ids))).sum())
+        flagged = int((~trust.judge_graphs(con, ids, graphs)).sum())
+        clean = int((~trust.judge_catalog(con, ids)).sum())
         metrics[cfg.model + tag]["note"] = (f"out of distribution: {flagged} of {len(ids)} rescaled copies, "
                                             f"{clean} of {len(ids)} clean test models")
     for base in baselines:

@@ -37,7 +37,7 @@ from jobs.training.rescaled import score_rescaled
 from jobs.training.run_weights import predictor_files
 from jobs.training.runs import RunReport, write_back, write_run
 from jobs.training.tasks import CALIBRATIONS, TargetScale, Task, task_named
-from jobs.training.trust import TrustProfile, profiles_of
+from jobs.training.trust import TrustProfile
 from zoocore.errors import JobError
 
 
@@ -152,7 +152,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     prepare = run_preparation(cfg)
     stats = (layer_stats_of_graphs(read_prepared(con, sel.ids("train"), prepare)) if prepare is not None
              else layer_stats(con, sel.ids("train")))
-    trust = TrustProfile.fit(profiles_of(con, sel.ids("train")))
+    trust = TrustProfile.of_catalog(con, sel.ids("train"), symmetry_preparation(cfg))
     if cfg.probes:
         check_probe_graph(sel.etypes)
     stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers, raw=bool(cfg.probes),

@@ -79,3 +79,37 @@ def test_predict_flags_rescaled_models_in_its_rows_and_one_warning(catalog_copy,
     n_out = sum(not f for f in flags["rescaled"] + flags["cnn"])
     assert warning.startswith(f"warning: {n_out} of {len(flags['rescaled']) + len(flags['cnn'])} models lie outside")
     assert sum(not f for f in flags["cnn"]) <= len(flags["cnn"]) // 10
+
+
+def test_a_balanced_run_trusts_rescaled_copies_and_flags_larger_weights(catalog_dir):
+    """Read after balancing (the run's own inputs), a rescaled copy is the same network and is not
+    flagged; weights made a hundred times larger (another function) are."""
+    import dataclasses
+
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir, folds=(3, 0))
+    trust = TrustProfile.of_catalog(con, sel.ids("train"), {"balanced": True})
+    others = sel.ids("val") + sel.ids("test")
+    clean = trust.judge_catalog(con, others)
+    assert clean.mean() >= 0.9
+    np.testing.assert_array_equal(trust.judge_graphs(con, others, _rescaled(con, others, 1000.0)), clean)
+    larger = [dataclasses.replace(g, weight=g.weight * 100) for g in read_graphs(con, others)]
+    assert (~trust.judge_graphs(con, others, larger)).mean() >= 0.8
+    again = TrustProfile.from_dict(json.loads(json.dumps(trust.to_dict())))
+    assert again == trust and again.prepare == {"balanced": True}
+
+
+def test_a_profile_saved_before_the_norm_features_judges_by_its_own(catalog_dir):
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir, folds=(3, 0))
+    new = TrustProfile.of_catalog(con, sel.ids("train"))
+    ratios = [f for f in FEATURES if "log_ratio" in f]
+    old = TrustProfile.from_dict({"features": ratios, "low": new.low[:6], "high": new.high[:6]})
+    others = sel.ids("val") + sel.ids("test")
+    moved = scale_profiles(_rescaled(con, others, 1000.0))
+    profiles = profiles_of(con, others)
+    assert old.features == ratios and old.prepare is None
+    masked = moved.copy()
+    masked[:, len(ratios):] = np.nan                  # NaN is no evidence: the new profile on the old features
+    np.testing.assert_array_equal(old.in_distribution(moved), new.in_distribution(masked))
+    assert (~old.in_distribution(moved)).sum() >= 4 and old.in_distribution(profiles).mean() >= 0.9
