@@ -38,10 +38,11 @@ import numpy as np
 from _zoos import zoo_catalog
 
 SCALES = (10.0, 1000.0)
-VARIANTS = {"ngnn": {}, "ngnn+canonical": {"canonical": True},
+PLAIN = {"balanced": False}          # the checkpoints' own weights (balanced inputs are the default)
+VARIANTS = {"ngnn": PLAIN, "ngnn+canonical": {"canonical": True},
             "ngnn+canon+slog": {"canonical": True, "compress": True}, "ngnn+balanced": {"balanced": True},
             "ngnn+canon+quasi": {"canonical": True, "quasi": True},
-            "ngnn+quasi": {"quasi": True}, "ngnn+augment": {"scale_augment": 1000.0}}
+            "ngnn+quasi": {**PLAIN, "quasi": True}, "ngnn+augment": {**PLAIN, "scale_augment": 1000.0}}
 
 
 def run_variant(cat: Path, variant: str, seed: int, epochs: int, baselines: bool, folds: int = 0,

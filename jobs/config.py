@@ -63,10 +63,11 @@ class DataConfig:
     canonical: bool = option(False, "Feed the metanetwork scale-canonicalised graphs: every rescalable hidden neuron "
                              "gets unit-norm incoming weights (and a positive sum where signs may flip), the factor "
                              "pushed forward; one graph per function-preserving rescaling orbit.")
-    balanced: bool = option(False, "Feed the balanced representative of each rescaling orbit: from the canonical "
+    balanced: bool = option(True, "Feed the balanced representative of each rescaling orbit: from the canonical "
                             "graph, every rescalable hidden neuron's incoming and outgoing weights brought to equal "
-                            "norms (the balance weight decay drives training to), so inputs are as invariant as "
-                            "--canonical's and stay close to the trained networks.")
+                            "norms (the balance weight decay drives training to), so predictions do not change when "
+                            "a network is rewritten with other neuron scales or signs, and inputs stay close to the "
+                            "trained networks. --no-balanced: the checkpoints' own weights; --canonical overrides.")
     compress: bool = option(False, "Feed every weight and bias w as sign(w) log(1 + |w|): with --canonical the "
                             "factors pushed forward pile up in the last layers, and the compressed values keep "
                             "their order without the heavy tails (applied last, after every other preparation).")

@@ -145,6 +145,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     if cfg.rank_weight < 0:
         raise JobError("--rank-weight must be >= 0")
     cfg.rescale_test = tuple(float(m) for m in (cfg.rescale_test or ()))
+    if cfg.canonical:      # two representatives of one orbit: the one asked for by name wins over the default
+        cfg.balanced = False
     if cfg.scale_augment and cfg.scale_augment <= 1 or any(m <= 1 for m in cfg.rescale_test):
         raise JobError("--scale-augment and --rescale-test take the largest factor MAX > 1 of U[1, MAX]")
     if cfg.weight_noise < 0 or not 0 <= cfg.weight_dropout < 1:

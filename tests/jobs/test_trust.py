@@ -3,6 +3,7 @@ models' weight scales, and `jobs predict` says so per prediction and in one warn
 import json
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
@@ -46,20 +47,13 @@ def test_rescaled_copies_are_flagged_and_clean_models_are_not(catalog_dir):
     assert TrustProfile.from_dict(json.loads(json.dumps(trust.to_dict()))) == trust
 
 
-def test_predict_flags_rescaled_models_in_its_rows_and_one_warning(catalog_copy, cnn_zoo, tmp_path):
-    """Rescaled copies of trained models ingested as a new zoo: `jobs predict` writes
-    in_distribution = false for them and prints one warning line; clean models stay true."""
-    from jobs.cli import main
+def _ingest_rescaled_copies(con, catalog, cnn_zoo, tmp_path, n=6) -> list[tuple[str, str]]:
+    """Rescaled copies U[1, 1000] of ``n`` ReLU models of the cnn zoo, ingested as the zoo
+    'rescaled' (file stems: the first 12 characters of the original's model_id); closes ``con``."""
     from pipeline.ingest import ingest_zoo
 
-    res = CliRunner().invoke(main, ["train-heterognn", "--catalog", str(catalog_copy), "--where", "zoo = 'cnn'",
-                                    "--ensemble", "1", "--epochs", "1", "--hidden", "8", "--edge-hidden", "4",
-                                    "--layers", "1", "--batch-size", "16", "--no-baselines"])
-    assert res.exit_code == 0, res.output
-    con = duck.connect(catalog_copy)
-    run_id, = con.execute("SELECT run_id FROM runs").fetchone()
     rows = con.execute("SELECT model_id, source_path FROM models WHERE zoo = 'cnn' AND activation = 'relu' "
-                       "ORDER BY model_id LIMIT 6").fetchall()
+                       f"ORDER BY model_id LIMIT {n}").fetchall()
     zoo = tmp_path / "rescaled"
     zoo.mkdir()
     for (mid, source), graph in zip(rows, _rescaled(con, [r[0] for r in rows], 1000.0)):
@@ -67,7 +61,22 @@ def test_predict_flags_rescaled_models_in_its_rows_and_one_warning(catalog_copy,
         save_file(state, str(zoo / f"{mid[:12]}.safetensors"))
         (zoo / f"{mid[:12]}.json").write_text((cnn_zoo / source).with_suffix(".json").read_text())
     con.close()
-    assert ingest_zoo(zoo, catalog_copy, zoo_name="rescaled", progress=False).ok
+    assert ingest_zoo(zoo, catalog, zoo_name="rescaled", progress=False).ok
+    return rows
+
+
+def test_predict_flags_rescaled_models_in_its_rows_and_one_warning(catalog_copy, cnn_zoo, tmp_path):
+    """Rescaled copies of trained models ingested as a new zoo: `jobs predict` writes
+    in_distribution = false for them and prints one warning line; clean models stay true."""
+    from jobs.cli import main
+
+    res = CliRunner().invoke(main, ["train-heterognn", "--catalog", str(catalog_copy), "--where", "zoo = 'cnn'",
+                                    "--ensemble", "1", "--epochs", "1", "--hidden", "8", "--edge-hidden", "4",
+                                    "--layers", "1", "--batch-size", "16", "--no-baselines", "--no-balanced"])
+    assert res.exit_code == 0, res.output
+    con = duck.connect(catalog_copy)
+    run_id, = con.execute("SELECT run_id FROM runs").fetchone()
+    _ingest_rescaled_copies(con, catalog_copy, cnn_zoo, tmp_path)
     res = CliRunner().invoke(main, ["predict", "--catalog", str(catalog_copy), "--run", run_id,
                                     "--where", "zoo IN ('rescaled', 'cnn')"])
     assert res.exit_code == 0, res.output
@@ -113,3 +122,37 @@ def test_a_profile_saved_before_the_norm_features_judges_by_its_own(catalog_dir)
     masked[:, len(ratios):] = np.nan                  # NaN is no evidence: the new profile on the old features
     np.testing.assert_array_equal(old.in_distribution(moved), new.in_distribution(masked))
     assert (~old.in_distribution(moved)).sum() >= 4 and old.in_distribution(profiles).mean() >= 0.9
+
+
+def test_by_default_a_rescaled_copy_gets_its_originals_prediction_and_is_trusted(catalog_copy, cnn_zoo, tmp_path):
+    """The default run reads balanced graphs: rescaled copies of trained models, ingested as a new
+    zoo, get the same predictions as the models they copy (the blend with StatNN too), and no flag."""
+    from jobs.cli import main
+
+    res = CliRunner().invoke(main, ["train-heterognn", "--catalog", str(catalog_copy), "--where", "zoo = 'cnn'",
+                                    "--ensemble", "1", "--epochs", "1", "--hidden", "8", "--edge-hidden", "4",
+                                    "--layers", "1", "--batch-size", "16"])
+    assert res.exit_code == 0, res.output
+    con = duck.connect(catalog_copy)
+    run_id, = con.execute("SELECT run_id FROM runs").fetchone()
+    rows = _ingest_rescaled_copies(con, catalog_copy, cnn_zoo, tmp_path)
+    res = CliRunner().invoke(main, ["predict", "--catalog", str(catalog_copy), "--run", run_id,
+                                    "--where", "zoo IN ('rescaled', 'cnn')"])
+    assert res.exit_code == 0, res.output
+    assert "outside" not in res.stderr
+    con = duck.connect(catalog_copy)
+    got = {(m, z, method): (v, ok) for m, z, method, v, ok in con.execute(
+        "SELECT m.model_id, m.zoo, p.method, p.predicted, p.in_distribution FROM predictions p JOIN models m "
+        "USING (model_id) WHERE p.split = 'predict'").fetchall()}
+    copies = {m: src for m, src in con.execute(
+        "SELECT model_id, source_path FROM models WHERE zoo = 'rescaled'").fetchall()}
+    methods = {k[2] for k in got}
+    assert len(methods) >= 2               # the metanetwork and the blend that is the run's answer
+    checked = 0
+    for mid, _ in rows:
+        copy = next(c for c, src in copies.items() if src.startswith(mid[:12]))
+        for method in methods:
+            (orig, ok_orig), (moved, ok_moved) = got[(mid, "cnn", method)], got[(copy, "rescaled", method)]
+            assert moved == pytest.approx(orig, abs=2e-3) and ok_moved and ok_orig
+            checked += 1
+    assert checked == len(rows) * len(methods)
