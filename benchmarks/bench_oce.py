@@ -188,6 +188,19 @@ def main(argv=None) -> None:
             vs_k1 = f"{rel:+6.1f}% [{d.low:+.5f}, {d.high:+.5f}]{star}"
         print(f"{name:16s}{means.mean():>11.5f} ± {means.std():.5f}{100 * (means.mean() - ident) / ident:>+12.1f}%"
               f"{vs_k1:>32s}{np.mean(seconds[name]):>10.0f}")
+    default = EditConfig.oce
+    for model in models:            # the best K against jobs train-editor's default, paired the same way
+        means = {k: float(np.mean([v.mean() for v in rows[f"{model} K={k}"]])) for k in ks if f"{model} K={k}" in rows}
+        best = min(means, key=means.get) if means else None
+        if best is not None and best != default and default in means:
+            vals, base = rows[f"{model} K={best}"], rows[f"{model} K={default}"]
+            n = min(len(vals), len(base))
+            d = paired_bootstrap([np.zeros(len(v)) for v in vals[:n]], vals[:n], base[:n], args.resamples,
+                                 metric=lambda y, p: float(np.mean(p)))
+            print(f"{model}: best K={best} vs the default K={default}: {100 * d.mean / means[default]:+.1f}% "
+                  f"[{d.low:+.5f}, {d.high:+.5f}]{'*' if d.low > 0 or d.high < 0 else ''}")
+        elif best is not None:
+            print(f"{model}: the best K is {best}" + (" (jobs train-editor's default)" if best == default else ""))
     print(f"\n{time.perf_counter() - started:.0f}s in all")
 
 
