@@ -71,8 +71,11 @@ class Stack:
     @property
     def note(self) -> str:
         dropped = [c for c in self.candidates if c not in self.partners]
-        return (f"{self.weight:g} x {self.metanetwork} + {1 - self.weight:g} x mean({', '.join(self.partners)}), "
-                "w chosen on val" + (f"; {', '.join(dropped)} left out (collapsed on val)" if dropped else ""))
+        prepared = sorted({k for p in self.predictors for k, v in (getattr(p, "settings", {}).get("prepare") or {}).items()
+                           if v})
+        return (f"{self.weight:g} x {self.metanetwork} + {1 - self.weight:g} x mean({', '.join(self.partners)}"
+                + (f" of {', '.join(prepared)} graphs" if prepared else "") + "), w chosen on val"
+                + (f"; {', '.join(dropped)} left out (collapsed on val)" if dropped else ""))
 
     def apply(self, metanet: np.ndarray, partners: list[np.ndarray]) -> np.ndarray:
         """The blend where every partner has an answer, the metanetwork alone elsewhere."""

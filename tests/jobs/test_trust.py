@@ -133,6 +133,7 @@ def test_by_default_a_rescaled_copy_gets_its_originals_prediction_and_is_trusted
                                     "--ensemble", "1", "--epochs", "1", "--hidden", "8", "--edge-hidden", "4",
                                     "--layers", "1", "--batch-size", "16"])
     assert res.exit_code == 0, res.output
+    assert "mean(statnn, statnn_mlp of balanced graphs)" in res.output      # the answer says what it blends
     con = duck.connect(catalog_copy)
     run_id, = con.execute("SELECT run_id FROM runs").fetchone()
     rows = _ingest_rescaled_copies(con, catalog_copy, cnn_zoo, tmp_path)
