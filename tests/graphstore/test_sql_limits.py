@@ -74,14 +74,22 @@ def _interrupt(cmd: list[str], wait: float) -> subprocess.CompletedProcess:
 
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # as from a terminal: SIGINT at its default, even when the suite itself runs in the background
+    # (a shell starts background jobs with SIGINT ignored, and Python then keeps it ignored)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), start_new_session=True)
     started = time.monotonic()
     while not psutil.Process(proc.pid).children() and proc.poll() is None and time.monotonic() - started < 120:
         time.sleep(0.1)
     time.sleep(max(1.0, wait - (time.monotonic() - started)))
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)        # never leave the endless query running
+        out, err = proc.communicate()
+        raise AssertionError(f"still running 30 s after Ctrl-C: {err[-500:]}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

@@ -131,12 +131,13 @@ def test_with_augmentation_batch_norms_become_affine_maps_after_each_rescaling(c
     mid, graph = next((m, g) for m in sel.model_ids for g in read_graphs(con, [m]) if (g.relation == norm).any())
     arch, plans = read_plans(con, [mid])
     steps = plans[arch[mid]].steps
-    prepare, augment = training_changes(TrainConfig(scale_augment=10.0, bn_stats=True))
+    prepare, augment = training_changes(TrainConfig(scale_augment=10.0, bn_stats=True, balanced=False))
     assert prepare is None                                       # nothing on reading: all per serving
     served = augment(graph, steps, np.random.default_rng(3))
     expected = effective_batch_norms(random_rescaling(graph, np.random.default_rng(3), 10.0, steps=steps))
     np.testing.assert_allclose(served.weight, expected.weight, rtol=1e-6)
     wrong = random_rescaling(effective_batch_norms(graph), np.random.default_rng(3), 10.0, steps=steps)
     assert not np.allclose(wrong.weight, expected.weight, rtol=1e-3)   # the order matters
+    assert training_changes(TrainConfig(scale_augment=10.0))[0] is not None     # the default: balanced on reading
     assert training_changes(TrainConfig(bn_stats=True))[1] is None
     assert training_changes(TrainConfig(bn_stats=True))[0] is not None and preparation(False, False) is None
