@@ -87,21 +87,27 @@ def test_predict_applies_the_saved_metanetwork_to_new_models(trained, tmp_path):
 
 
 def test_a_saved_baseline_refits_to_the_same_predictions(trained):
-    """The blend's partner is saved as its training rows and hyperparameters, not pickled: refitted
-    from them it predicts what it predicted when the run was trained."""
+    """The blend's partners are saved as their training rows and hyperparameters, not pickled:
+    refitted from them, with the run's saved NG-GNN predictions, they give the blend the run wrote.
+    They read the run's balanced graphs, as the metanetwork did (the plain ``statnn`` rows of the
+    run are the baselines, fitted on the checkpoints' own weights)."""
     from jobs.predictors.stacking import read_stack
 
     root, report = trained
     stack = read_stack(Catalog(root), report.run_id)
     assert stack.candidates == ["statnn", "statnn_mlp"] and stack.partners and set(stack.partners) <= {"statnn", "statnn_mlp"}
+    assert all(p.settings.get("prepare") == {"balanced": True} for p in stack.predictors)
     con = duck.connect(root)
+    saved = {m: dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = ?",
+                                 [report.run_id, m]).fetchall()) for m in (stack.name, "ngnn")}
+    ids = sorted(saved[stack.name])
+    parts = []
     for name, predictor in zip(stack.partners, stack.predictors):
-        saved = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = ?",
-                                 [report.run_id, name]).fetchall())
-        ids = sorted(saved)
         again, ok = predictor.predict(con, ids)
-        assert ok.all()
-        np.testing.assert_allclose(again, [saved[i] for i in ids], rtol=1e-6, err_msg=name)
+        assert ok.all(), name
+        parts.append(again)
+    blend = stack.apply(np.array([saved["ngnn"][i] for i in ids]), parts)
+    np.testing.assert_allclose(blend, [saved[stack.name][i] for i in ids], rtol=1e-5)
 
 
 def test_classification_of_the_training_dataset(catalog_copy):
