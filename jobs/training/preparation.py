@@ -11,6 +11,7 @@ from collections import OrderedDict
 import numpy as np
 
 from jobs.config import DataConfig
+from jobs.training.data import cache_size
 from jobs.training.augment import augmenter
 
 
@@ -65,7 +66,7 @@ class _Memo:
                 self.items.move_to_end(key)
                 return self.items[key][0]
         out = make()
-        size = sum(a.nbytes for a in (out.weight, out.bias, out.extra, out.src, out.dst))
+        size = cache_size(out)
         with self.lock:
             if key not in self.items and size <= self.budget:
                 self.items[key] = (out, size)
@@ -116,8 +117,9 @@ def symmetry_preparation(cfg) -> dict | None:
     return {"canonical": True} if get("canonical", False) else None
 
 
-def prepared_graphs(con, model_ids, graphs, flags: dict) -> list:
-    """In-memory graphs of catalog models (e.g. rescaled copies) through the preparation ``flags``."""
+def prepared_graphs(con, model_ids, graphs, flags) -> list:
+    """In-memory graphs of catalog models (e.g. rescaled copies) through the preparation ``flags``
+    (a dict of preparation flags, a DataConfig, or a saved run's ``train`` dict)."""
     from pipeline.graph_codec import read_plans
 
     prepare = run_preparation(flags)

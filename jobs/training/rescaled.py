@@ -8,7 +8,7 @@ from jobs.config import TrainConfig
 from jobs.metanets.ngnn import NGGNN
 from jobs.training.data import GraphList, LayerStats, Selection
 from jobs.training.inference import infer_ensemble
-from jobs.training.preparation import run_preparation
+from jobs.training.preparation import prepared_graphs
 from jobs.training.tasks import TargetScale, task_named
 from jobs.training.trust import TrustProfile
 
@@ -34,13 +34,7 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     graphs = rescaled_test_graphs(con, ids, max_scale, cfg.seed)
     y = sel.targets[test_idx]
     tag = f"@x{max_scale:g}"
-    inputs = graphs
-    prepare = run_preparation(cfg)      # the same preparation the run trained on
-    if prepare is not None:
-        from pipeline.graph_codec import read_plans
-
-        arch, plans = read_plans(con, ids)
-        inputs = [prepare(g, plans[arch[m]].steps) for m, g in zip(ids, graphs)]
+    inputs = prepared_graphs(con, ids, graphs, cfg)      # the same preparation the run trained on
     listed = GraphList(inputs, sel, stats, raw=bool(cfg.probes))
     task = task_named(sel.task)
     out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, task)
