@@ -16,7 +16,7 @@ _FIRST_COPY = ("SELECT * EXCLUDE (_rn, _file) FROM (SELECT *, row_number() OVER 
                "ORDER BY ingested_at, _file) AS _rn FROM {src}) WHERE _rn = 1")
 _DEDUP = {
     "architectures": "SELECT * EXCLUDE (_rn) FROM (SELECT *, row_number() OVER (PARTITION BY architecture_id "
-                     "ORDER BY architecture_id) AS _rn FROM {src}) WHERE _rn = 1",
+                     "ORDER BY {order}) AS _rn FROM {src}) WHERE _rn = 1",
     "ingest_errors": "SELECT * EXCLUDE (_rn) FROM (SELECT *, row_number() OVER (PARTITION BY source_path "
                      "ORDER BY failed_at DESC) AS _rn FROM {src}) WHERE _rn = 1 "
                      "AND source_path NOT IN (SELECT source_path FROM models)",
@@ -65,6 +65,12 @@ def connect(catalog: Catalog | str, relations: Sequence[str] | None = None) -> d
             body = _FIRST_COPY.format(src=_source(files, True))
         elif relation in _PER_MODEL and shadowed:
             body = _WITHOUT_SHADOWED.format(src=_source(files, True))
+        elif relation == "architectures":
+            src = _source(files)
+            cols = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+            # the row that kept the architecture's program, where one did (parts written since)
+            body = _DEDUP[relation].format(src=src, order="program_json IS NULL" if "program_json" in cols
+                                           else "architecture_id")
         else:
             body = _DEDUP.get(relation, "SELECT * FROM {src}").format(src=_source(files))
         con.execute(f"CREATE OR REPLACE VIEW {relation} AS {body}")
@@ -73,7 +79,7 @@ def connect(catalog: Catalog | str, relations: Sequence[str] | None = None) -> d
 
 
 _SQL_TYPES = {pa.string(): "VARCHAR", pa.float64(): "DOUBLE", pa.float32(): "FLOAT", pa.int64(): "BIGINT",
-              pa.int32(): "INTEGER", pa.int8(): "TINYINT", pa.bool_(): "BOOLEAN",
+              pa.int32(): "INTEGER", pa.int8(): "TINYINT", pa.bool_(): "BOOLEAN", pa.binary(): "BLOB",
               pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ"}
 
 

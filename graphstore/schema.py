@@ -37,6 +37,8 @@ ARCHITECTURES = pa.schema([
     ("summary", pa.string()),            # e.g. "conv(1->8,3x3) norm relu | ... "
     ("plan_json", pa.string()),
     ("spec_json", pa.string()),
+    ("program_json", pa.string()),       # a torch.export program kept to rebuild the network (no spec)
+    ("program_tensors", pa.binary()),    # its tensors that are not state (safetensors), or null
 ])
 
 LAYERS = pa.schema([

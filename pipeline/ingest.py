@@ -54,6 +54,7 @@ class ModelRecord:
     num_params: int
     metadata: dict[str, Any]                                    # verbatim (metadata_json)
     columns: dict[str, Any] = field(default_factory=dict)       # typed, by column name
+    program: tuple[str | None, bytes | None] = (None, None)     # kept once per architecture and worker
 
 
 @dataclass
@@ -134,6 +135,7 @@ def content_id(plan: Plan, state: dict[str, torch.Tensor], identity: str = "") -
 
 _CACHE: PlanCache | None = None
 _OPEN: dict[tuple, ZooFormat] = {}       # a conversion worker's open zoos (open files, parsed layouts)
+_KEPT: set[str] = set()                  # architectures whose program this process has returned
 
 
 def convert_one(fmt: ZooFormat, member: Member, metadata: dict[str, Any] | None) -> ModelRecord | ErrorRecord:
@@ -146,8 +148,12 @@ def convert_one(fmt: ZooFormat, member: Member, metadata: dict[str, Any] | None)
         conv = fmt.convert(member, metadata or {}, _CACHE)
         params = sum(int(conv.state[k].numel()) for op in conv.plan.ops
                      for k in (op.get("weight_key"), op.get("bias_key")) if k)
+        program = (None, None)
+        if conv.program is not None and conv.plan.signature not in _KEPT:
+            program = conv.program()
+            _KEPT.add(conv.plan.signature)
         return ModelRecord(content_id(conv.plan, conv.state, member.identity), member.key, member.checkpoint,
-                           conv.plan, conv.spec, conv.graph, params, dict(metadata or {}))
+                           conv.plan, conv.spec, conv.graph, params, dict(metadata or {}), program=program)
     except ZooGraphError as exc:
         return ErrorRecord(member.key, type(exc).__name__, str(exc))
     except Exception as exc:  # a checkpoint must never stop the zoo: record and go on
@@ -200,7 +206,8 @@ def tables_for(records: list[ModelRecord], zoo: str, types: dict[str, pa.DataTyp
 
     archs: dict[str, ModelRecord] = {}
     for r in records:
-        archs.setdefault(r.plan.signature, r)
+        if r.plan.signature not in archs or (archs[r.plan.signature].program[0] is None and r.program[0]):
+            archs[r.plan.signature] = r
     architectures = pa.table({
         "architecture_id": list(archs), "num_layers": [len(r.plan.layers) for r in archs.values()],
         "num_ops": [len(r.plan.ops) for r in archs.values()],
@@ -213,6 +220,8 @@ def tables_for(records: list[ModelRecord], zoo: str, types: dict[str, pa.DataTyp
         "summary": [summarize_plan(r.plan) for r in archs.values()],
         "plan_json": [r.plan.to_json() for r in archs.values()],
         "spec_json": [json.dumps(r.spec) if r.spec else None for r in archs.values()],
+        "program_json": [r.program[0] for r in archs.values()],
+        "program_tensors": [r.program[1] for r in archs.values()],
     }, schema=ARCHITECTURES)
 
     lrows: dict[str, list] = {name: [] for name in LAYERS.names}
@@ -242,6 +251,7 @@ def error_table(errors: list[ErrorRecord], zoo: str) -> pa.Table:
 
 # --------------------------------------------------------------------------- the job
 def _results(jobs: list[tuple], workers: int) -> Iterator[ModelRecord | ErrorRecord]:
+    _KEPT.clear()           # each ingest keeps its architectures' programs (workers start from this copy)
     if workers <= 1:
         yield from (convert_one(*j) for j in jobs)
         return

@@ -301,21 +301,64 @@ def load_exported(path: str | Path):
             if version != str(SCHEMA_VERSION).encode():
                 raise CheckpointError(f"{where}: torch.export schema version {version[:20]!r}, this torch reads "
                                       f"{SCHEMA_VERSION}")
-            program = json.loads(_read_member(zf, "serialized_exported_program.json", MAX_JSON_BYTES, where))
-            if not isinstance(program, dict):
-                raise CheckpointError(f"{where}: the exported program is not a JSON object")
-            check_exported_program(program, where)
+            program = _read_member(zf, "serialized_exported_program.json", MAX_JSON_BYTES, where)
             state = _inner_dict(_read_member(zf, "serialized_state_dict.json", MAX_MEMBER_BYTES, where),
                                 f"{where} (its state dict)")
             constants = _inner_dict(_read_member(zf, "serialized_constants.json", MAX_MEMBER_BYTES, where),
                                     f"{where} (its constants)")
+        return deserialize_program(program, state, constants, where)
+    except CheckpointError:
+        raise
+    except Exception as exc:        # zip and JSON errors on malformed input
+        raise CheckpointError(f"{where}: cannot load torch.export archive: {first_line(exc)}") from exc
+
+
+def _repair_module_paths(program: dict) -> None:
+    """torch 2.2 writes a module path such as ``getattr(L['fn'], '0')`` (any ``nn.Sequential``
+    child) into a comma-separated record its own reader splits on commas, so it cannot read back
+    what it saved: rewrite such paths dotted (``L['fn'].0``, what the plan's tracer reads anyway)."""
+    for node in program["graph_module"]["graph"]["nodes"]:
+        meta = node.get("metadata") or {}
+        stack = meta.get("nn_module_stack")
+        if not isinstance(stack, str) or "getattr(" not in stack:
+            continue
+        entries = []
+        for entry in stack.split(";"):
+            parts = entry.split(",")
+            path = ",".join(parts[1:-1])
+            while "getattr(" in path:
+                fixed = re.sub(r"getattr\(([^(),]*), '([^']*)'\)", r"\1.\2", path)
+                if fixed == path:
+                    break
+                path = fixed
+            entries.append(",".join([parts[0], path.replace(",", ""), parts[-1]]) if len(parts) > 2 else entry)
+        meta["nn_module_stack"] = ";".join(entries)
+
+
+def deserialize_program(program: bytes | str, state: dict, constants: dict, where: str):
+    """An ExportedProgram from its graph (the JSON of a ``.pt2`` archive, or of the catalog's
+    ``architectures.program_json``) and tensors already read: the graph is checked first, as above."""
+    try:
+        if len(program) > MAX_JSON_BYTES:
+            raise CheckpointError(f"{where}: the exported program is over {MAX_JSON_BYTES} bytes")
+        parsed = json.loads(program)
+        if not isinstance(parsed, dict):
+            raise CheckpointError(f"{where}: the exported program is not a JSON object")
+        check_exported_program(parsed, where)
+        _repair_module_paths(parsed)
+        params = {(spec.get("parameter") or {}).get("parameter_name")
+                  for spec in parsed["graph_module"]["signature"]["input_specs"]}
+        state = {k: torch.nn.Parameter(v, requires_grad=False)
+                 if k in params and not isinstance(v, torch.nn.Parameter) else v for k, v in state.items()}
         from torch._export.serde.schema import ExportedProgram as SerializedProgram
         from torch._export.serde.serialize import (ExportedProgramDeserializer, SerializedArtifact,
                                                    _dict_to_dataclass)
 
-        serialized = _dict_to_dataclass(SerializedProgram, program)
+        serialized = _dict_to_dataclass(SerializedProgram, parsed)
         with _preloaded_artifacts():
-            return ExportedProgramDeserializer().deserialize(SerializedArtifact(serialized, state, constants))
+            exported = ExportedProgramDeserializer().deserialize(SerializedArtifact(serialized, state, constants))
+        exported.archive_program = json.dumps(parsed)       # checked and repaired: what the catalog keeps
+        return exported
     except CheckpointError:
         raise
     except RecursionError:

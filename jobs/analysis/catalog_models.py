@@ -1,9 +1,11 @@
 """A model rebuilt from the catalog alone: neural graph, state dict, runnable module.
 
 Parquet is the source of truth: the nodes and edges of a model, its architecture's plan (the
-operations the exact inverse needs) and its buffers give back the checkpoint bit for bit, and the
-architecture's JSON spec gives back the module, so jobs that need the network itself (merging,
-evaluation) never go looking for the original file.
+operations the exact inverse needs) and its buffers give back the checkpoint bit for bit, and
+``pipeline.neural_graph.runnable`` gives back the network that runs it (the architecture's exported
+graph: from its JSON spec, or the program kept at ingest for torch.export archives), so jobs that
+need the network itself (merging, evaluation, layerwise equivariance) never go looking for the
+original file, whatever format it came in.
 """
 from __future__ import annotations
 
@@ -17,11 +19,14 @@ from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan
+from pipeline.neural_graph.runnable import Network, exported_from_spec, program_from_catalog
 from pipeline.spec import build_module
 from zoocore.errors import JobError
 
-MODEL_ROW = ("SELECT m.model_id, m.architecture_id, m.checkpoint, m.metadata_json, a.plan_json, a.spec_json "
-             "FROM models m JOIN architectures a USING (architecture_id) WHERE m.model_id = ?")
+MODEL_ROW = ("SELECT m.model_id, m.architecture_id, m.checkpoint, m.metadata_json, a.plan_json, a.spec_json, "
+             "a.program_json, a.program_tensors FROM models m JOIN architectures a USING (architecture_id) "
+             "WHERE m.model_id = ?")
+_EXPORTED: dict[str, Any] = {}          # architecture id -> its exported graph (one per process)
 
 
 @dataclass
@@ -33,19 +38,37 @@ class CatalogModel:
     spec: dict | None
     graph: NeuralGraph
     metadata: dict[str, Any]
+    program: tuple[str | None, bytes | None] = (None, None)
 
     def state_dict(self, graph: NeuralGraph | None = None) -> dict[str, torch.Tensor]:
         """The checkpoint's state dict (of ``graph`` if given: a permuted or merged graph)."""
         return state_dict_from_graph(self.graph if graph is None else graph)
 
     def module(self, state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
-        """The runnable network (eval mode) with this model's weights, or with ``state``."""
+        """The runnable network (eval mode) with this model's weights, or with ``state``: the spec's
+        own module where there is a spec (trainable, batch norm and all), else :meth:`network`."""
         if self.spec is None:
-            raise JobError(f"model {self.model_id} was ingested from a torch.export archive without a JSON "
-                           "spec; rebuilding it as a module needs the spec")
+            return self.network(state)
         net = build_module(self.spec)
         net.load_state_dict(self.state_dict() if state is None else state)
         return net.eval()
+
+    def network(self, state: dict[str, torch.Tensor] | None = None) -> Network:
+        """The architecture's exported graph run on this model's weights (or ``state``): every
+        converted model has one, and its ``taps`` give each neuron layer's value."""
+        state = self.state_dict() if state is None else state
+        exported = _EXPORTED.get(self.architecture_id)
+        if exported is None:
+            if self.spec is not None:
+                exported = exported_from_spec(self.spec)
+            elif self.program[0] is not None:
+                exported = program_from_catalog(*self.program, state, f"model {self.model_id}")
+            else:
+                raise JobError(f"model {self.model_id}'s network cannot be rebuilt: it has no JSON spec and its "
+                               "architecture was ingested before programs were kept (ingest its zoo again "
+                               "into a new catalog)")
+            _EXPORTED[self.architecture_id] = exported
+        return Network(exported, state).eval()
 
 
 def load_model(con, model_id: str) -> CatalogModel:
@@ -53,11 +76,11 @@ def load_model(con, model_id: str) -> CatalogModel:
     row = con.execute(MODEL_ROW, [model_id]).fetchone()
     if row is None:
         raise JobError(f"no model {model_id!r} in the catalog")
-    _, arch, checkpoint, metadata_json, plan_json, spec_json = row
+    _, arch, checkpoint, metadata_json, plan_json, spec_json, program_json, program_tensors = row
     plan = Plan.from_json(plan_json)
     graph, = read_graphs(con, [model_id], plans={arch: plan})
     return CatalogModel(model_id, arch, checkpoint, plan, json.loads(spec_json) if spec_json else None,
-                        graph.validate(), json.loads(metadata_json or "{}"))
+                        graph.validate(), json.loads(metadata_json or "{}"), (program_json, program_tensors))
 
 
 def plan_of(con, model_id: str) -> Plan:

@@ -70,11 +70,10 @@ from graphstore.catalog import Catalog, now_utc
 from graphstore.schema import LAYER_EQUIVARIANCE
 from jobs.analysis.catalog_models import load_model
 from jobs.training.data import select_models
-from pipeline.spec import build_module
+from pipeline.neural_graph.runnable import Network
 from pipeline.zoo.transforms import NOISE_STD, check_transform, noise, transform_index
 from zoocore.errors import JobError
 
-_MLP_LAYERS = {"linear", "activation", "dropout", "flatten"}
 # the LayerFit fields that become columns of the layer_equivariance relation (and of the report rows)
 FIT_COLUMNS = ("layer", "width", "activation", "error", "identity_error", "signed_perm_error", "perm_error",
                "signed_perm_neurons", "perm_neurons", "signed_perm_rel_dist", "perm_rel_dist", "signed_perm_share",
@@ -110,37 +109,53 @@ class LayerFit:
     signs: np.ndarray                # its signs (+1 / -1)
 
 
-def mlp_stages(spec: dict, model_id: str = "?") -> list[tuple[int, str | None]]:
-    """For an MLP spec: per layer output f_i, (index of the last module computing it, activation).
-    Anything but linear layers and activations (and dropout / flatten) is refused."""
-    layers = spec.get("layers", [])
-    other = sorted({layer.get("type") for layer in layers} - _MLP_LAYERS)
-    if other or len(spec.get("input_shape", [])) != 1:
-        what = f"has {', '.join(map(str, other))} layers" if other else \
-            f"takes inputs of shape {spec.get('input_shape')}"
-        raise JobError(f"model {model_id} {what}: layer-equivariance analyses MLPs only (linear layers and "
-                       "activations on a flat input)")
-    stages: list[tuple[int, str | None]] = []
-    for i, layer in enumerate(layers):
-        if layer["type"] == "linear":
-            stages.append((i, None))
-        elif layer["type"] == "activation" and stages and stages[-1][1] is None:
-            stages[-1] = (i, layer["fn"])
-    if not stages:
-        raise JobError(f"model {model_id} has no linear layer")
-    return stages
+def as_network(net: nn.Module, input_shape: Sequence[int]) -> Network:
+    """``net`` as a :class:`Network` (a catalog model's already is one; a module is exported once)."""
+    if isinstance(net, Network):
+        return net
+    from pipeline.neural_graph.plan import export_module
+
+    module = copy.deepcopy(net).float().eval()
+    return Network(export_module(module, torch.zeros(2, *input_shape)), module.state_dict()).eval()
 
 
-def layer_outputs(net: nn.Module, spec: dict, y: torch.Tensor, model_id: str = "?") -> list[torch.Tensor]:
-    """f_1(y) ... f_L(y): each linear layer's output after its activation (if any)."""
-    stages = {end: k for k, (end, _) in enumerate(mlp_stages(spec, model_id))}
-    outs: list[torch.Tensor] = [None] * len(stages)   # type: ignore[list-item]
-    x = y
-    for i, mod in enumerate(net.layers):
-        x = mod(x)
-        if i in stages:
-            outs[stages[i]] = x
-    return outs
+def _input_shape(spec_or_shape) -> list[int]:
+    return [int(s) for s in (spec_or_shape["input_shape"] if isinstance(spec_or_shape, dict) else spec_or_shape)]
+
+
+def check_input(input_shape: Sequence[int], transform: str, model_id: str = "?") -> None:
+    """Refuse, in one line, a transform that has no meaning on this model's input."""
+    base = transform.partition(":")[0]
+    if len(input_shape) == 1:
+        transform_index(transform, int(input_shape[0]))      # a flat input: a square image grid for mirrors
+    elif base == "perm-input":
+        raise JobError(f"model {model_id} takes inputs of shape {list(input_shape)}: {transform} has no "
+                       "counterpart on its feature maps (use mirror-lr or mirror-ud)")
+    elif len(input_shape) == 2 and base == "mirror-ud":
+        raise JobError(f"model {model_id} takes 1-d inputs of shape {list(input_shape)}: mirror-ud needs a 2-d grid")
+
+
+def _transform(y: torch.Tensor, transform: str, index: torch.Tensor | None) -> torch.Tensor:
+    """g y: a flat input permuted by ``index``; a map (C, H, W) or (C, L) mirrored."""
+    if index is not None:
+        return y[:, index]
+    return y.flip(-1) if transform.partition(":")[0] == "mirror-lr" else y.flip(-2)
+
+
+def _rows(f: torch.Tensor, fg: torch.Tensor, transform: str, pos: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """One (f(y), f(g y)) row pair per sample: a vector layer as it is; a feature-map layer at one
+    position p per sample, f(g y)[p] against f(y)[g p] (the per-layer map acts on channels)."""
+    if f.dim() == 2:
+        return f.numpy(), fg.numpy()
+    moved = _transform(f, transform, None)                     # moved[p] = f(y)[g p]
+    flat, flat_g = moved.flatten(2), fg.flatten(2)
+    idx = (pos % flat.shape[2]).view(-1, 1, 1).expand(-1, flat.shape[1], 1)
+    return flat.gather(2, idx)[..., 0].numpy(), flat_g.gather(2, idx)[..., 0].numpy()
+
+
+def layer_outputs(net: Network, y: torch.Tensor) -> dict[int, torch.Tensor]:
+    """f_1(y) ... f_L(y): each neuron layer after its activation (the input, layer 0, left out)."""
+    return {k: v for k, v in net.taps(y).items() if k > 0}
 
 
 def nearest_signed_permutation(a: np.ndarray, signed: bool = True) -> tuple[np.ndarray, np.ndarray, float]:
@@ -229,27 +244,40 @@ def _signed_perm_matrix(columns: np.ndarray, signs: np.ndarray) -> np.ndarray:
     return p
 
 
-def fit_layers(net: nn.Module, spec: dict, transform: str, samples: int = 100_000, seed: int = 0,
-               model_id: str = "?", noise_std: float = NOISE_STD, batch: int = 50_000) -> list[LayerFit]:
-    """Fit A_i for every layer of an MLP (see the module docstring); deterministic in ``seed``."""
+def fit_layers(net: nn.Module, spec_or_shape: dict | Sequence[int], transform: str, samples: int = 100_000,
+               seed: int = 0, model_id: str = "?", noise_std: float = NOISE_STD, batch: int = 50_000,
+               activations: Sequence[str] | None = None) -> list[LayerFit]:
+    """Fit A_i for every neuron layer of a network (see the module docstring); deterministic in
+    ``seed``. ``net``: a catalog model's :class:`Network`, or a module (exported here) whose input
+    shape is ``spec_or_shape`` (a spec or the shape). Convolutional layers are read at one random
+    position per noise sample, so their A acts on channels. ``activations``: per neuron layer (the
+    plan's), else read from the graph's taps."""
     if not noise_std > 0:
         raise JobError("--noise-std must be positive")
     if samples < 8:
         raise JobError("--samples must be at least 8 (half fit, a quarter validates, a quarter tests)")
-    stages = mlp_stages(spec, model_id)
-    size = int(spec["input_shape"][0])
-    index = torch.from_numpy(transform_index(transform, size))
-    net = copy.deepcopy(net).double().eval()
-    y = noise(samples, size, torch.Generator().manual_seed(seed), noise_std, torch.float64)
+    shape = _input_shape(spec_or_shape)
+    check_input(shape, transform, model_id)
+    index = torch.from_numpy(transform_index(transform, shape[0])) if len(shape) == 1 else None
+    net = as_network(net, shape).double()
+    activations = net.activations() if activations is None else activations
+    rng = torch.Generator().manual_seed(seed)
+    y = noise(samples, int(np.prod(shape)), rng, noise_std, torch.float64).view(samples, *shape)
+    pos = torch.randint(0, 2**31 - 1, (samples,), generator=rng)
     with torch.no_grad():
-        chunks = [(layer_outputs(net, spec, y[i:i + batch], model_id),
-                   layer_outputs(net, spec, y[i:i + batch][:, index], model_id))
-                  for i in range(0, samples, batch)]
+        per_sample = sum(v[0].numel() for v in net.taps(y[:1]).values())
+        step = max(1, min(batch, 2**24 // max(1, per_sample)))
+        pairs: dict[int, list] = {}
+        for i in range(0, samples, step):
+            out, out_g = layer_outputs(net, y[i:i + step]), layer_outputs(net, _transform(y[i:i + step], transform, index))
+            for k in out:
+                pairs.setdefault(k, []).append(_rows(out[k], out_g[k], transform, pos[i:i + step]))
     half, test = samples // 2, samples // 2 + samples // 4
     fits = []
-    for k, (_, act) in enumerate(stages):
-        f = torch.cat([c[0][k] for c in chunks]).numpy()
-        fg = torch.cat([c[1][k] for c in chunks]).numpy()
+    for k in sorted(pairs):
+        act = activations[k]
+        f = np.concatenate([p[0] for p in pairs[k]])
+        fg = np.concatenate([p[1] for p in pairs[k]])
         fit, fit_g = f[:half], fg[:half]
         a, lam = ridge_fit(fit, fit_g, f[half:test], fg[half:test])
         ft, fgt = f[test:], fg[test:]
@@ -259,7 +287,8 @@ def fit_layers(net: nn.Module, spec: dict, transform: str, samples: int = 100_00
         p_cols, p_signs = best_group_map(fit, fit_g, signed=False)
         near_cols, _, s_dist = nearest_signed_permutation(a)
         fits.append(LayerFit(
-            k + 1, a.shape[0], act, _median_rel_error(ft, fgt, a), _median_rel_error(ft, fgt, np.eye(len(a))),
+            k, a.shape[0], None if act in (None, "identity") else act,
+            _median_rel_error(ft, fgt, a), _median_rel_error(ft, fgt, np.eye(len(a))),
             _median_rel_error(ft, fgt, _signed_perm_matrix(s_cols, s_signs)),
             _median_rel_error(ft, fgt, _signed_perm_matrix(p_cols, p_signs)),
             neuron_share(ft, fgt, s_cols, s_signs), neuron_share(ft, fgt, p_cols, p_signs),
@@ -364,9 +393,10 @@ def analyse_catalog(catalog: Catalog | str, where: str | None, transforms: Seque
         models = []
         for mid in sel.model_ids:
             m = load_model(con, mid)
-            if m.spec is None:
-                raise JobError(f"model {mid} was ingested without a JSON spec; its layers cannot be rebuilt")
-            mlp_stages(m.spec, mid)                     # refuse non-MLPs before any work
+            if m.plan.input_dtype.startswith("int"):
+                raise JobError(f"model {mid} reads token ids: layer-equivariance transforms float inputs")
+            for t in transforms:                        # refuse what cannot be analysed before any work
+                check_input(m.plan.input_shape, t, mid)
             models.append(m)
     finally:
         con.close()
@@ -375,11 +405,12 @@ def analyse_catalog(catalog: Catalog | str, where: str | None, transforms: Seque
     from tqdm import tqdm
 
     for m in tqdm(models, desc="layer equivariance", unit="model", disable=not progress):
-        net = build_module(m.spec)
-        net.load_state_dict(m.state_dict())
+        net = m.network()
+        acts = [layer.activation for layer in m.plan.layers]
         meta = info.get(m.model_id, {})
         for t in transforms:
-            for fit in fit_layers(net, m.spec, t, samples, seed, m.model_id, noise_std):
+            for fit in fit_layers(net, m.plan.input_shape, t, samples, seed, m.model_id, noise_std,
+                                  activations=acts):
                 rows.append({"model_id": m.model_id, "checkpoint": meta.get("checkpoint", m.checkpoint),
                              "model_activation": meta.get("activation"), "task": meta.get("task"),
                              "trained": meta.get("equivariance"), "transform": t, "fit": fit,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -22,6 +23,9 @@ class Converted:
     graph: NeuralGraph
     state: dict[str, torch.Tensor]
     spec: dict | None = None
+    # (program JSON, its non-state tensors) to rebuild the network without a spec: called once per
+    # architecture by the ingest (pipeline.neural_graph.runnable.keep_program), None with a spec
+    program: Callable[[], tuple[str | None, bytes | None]] | None = None
 
 
 def convert_module(model: torch.nn.Module, example: torch.Tensor) -> Converted:
@@ -33,9 +37,12 @@ def convert_module(model: torch.nn.Module, example: torch.Tensor) -> Converted:
 
 def convert_exported(exported) -> Converted:
     """Neural graph of a ``torch.export.ExportedProgram``."""
+    from pipeline.neural_graph.runnable import keep_program
+
     plan = plan_from_exported(exported)
     state = dict(exported.state_dict)
-    return Converted(plan, graph_from_plan(plan, state), state)
+    return Converted(plan, graph_from_plan(plan, state), state,
+                     program=lambda: keep_program(exported, plan.state_keys))
 
 
 class PlanCache:

@@ -485,3 +485,12 @@ def plan_from_module(model: torch.nn.Module, example_input: torch.Tensor) -> Pla
         raise UnsupportedModuleError(type(model).__name__, "a module torch.export cannot trace",
                                      str(exc).splitlines()[0][:200]) from exc
     return plan_from_exported(exported, set(exported.state_dict) - set(model.state_dict()))
+
+
+def traced_values(exported, constant_keys=frozenset()) -> list[tuple[str, _Val]]:
+    """(graph node name, what its value is in neuron terms) for every node holding neurons, in
+    graph order: how ``runnable.layer_nodes`` finds each layer's value inside the graph."""
+    tracer = _Tracer(exported, frozenset(constant_keys))
+    tracer.run()
+    return [(node.name, tracer.vals[node.name]) for node in exported.graph.nodes
+            if isinstance(tracer.vals.get(node.name), _Val)]

@@ -273,9 +273,55 @@ def test_relation_round_trips_through_catalog_sql_and_graph_store(tiny):
         assert stored(store) == {m: (e, report.analysis_id) for m, e in first.items()}
 
 
-def test_non_mlps_are_refused(tiny):
-    with pytest.raises(JobError, match="MLPs only"):
-        analyse_catalog(tiny["catalog"], "zoo = 'cnn'", ["mirror-lr"], samples=100)
+def mirror_cnn(equivariant: bool, seed: int = 0) -> torch.nn.Module:
+    """conv(1->6, 3x3, padding 1) tanh | max pool | conv(6->5) relu | pool | linear. With
+    ``equivariant`` the first conv's filters are mirror pairs (u, u mirrored: swapped by mirror-lr),
+    a symmetric filter (kept) and an antisymmetric one with bias 0 (negated: tanh is odd), so layer
+    1 is exactly mirror-lr-equivariant with a known signed permutation of its channels."""
+    from torch import nn
+
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Conv2d(1, 6, 3, padding=1), nn.Tanh(), nn.MaxPool2d(2), nn.Conv2d(6, 5, 3, padding=1),
+                        nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(5, 3)).eval()
+    if equivariant:
+        u, v, w = torch.randn(3, 3, 3)
+        filters = [u, u.flip(-1), w, w.flip(-1), v + v.flip(-1), v - v.flip(-1)]
+        b = torch.randn(3)
+        with torch.no_grad():
+            net[0].weight.copy_(torch.stack(filters)[:, None])
+            net[0].bias.copy_(torch.tensor([b[0], b[0], b[1], b[1], b[2], 0.0]))
+    return net
+
+
+def test_convolutional_archives_are_analysed_per_channel(tmp_path):
+    """torch.export archives (no JSON spec) are rebuilt from the catalog and analysed; a conv layer's
+    map acts on channels at each position, so the built-in mirror pairs are found exactly."""
+    zoo = tmp_path / "zoo"
+    zoo.mkdir()
+    for name, eq in (("eq", True), ("random", False)):
+        ep = torch.export.export(mirror_cnn(eq), (torch.zeros(2, 1, 8, 8),))
+        torch.export.save(ep, str(zoo / f"{name}.pt2"))
+    assert ingest_zoo(zoo, tmp_path / "catalog", zoo_name="pt2", progress=False).added == 2
+    report = analyse_catalog(tmp_path / "catalog", None, ["mirror-lr", "mirror-ud"], samples=2000)
+    rows = {(r["checkpoint"], r["transform"], r["layer"]): r for r in report.rows}
+    assert sorted({k[2] for k in rows}) == [1, 2, 3]            # conv, conv, linear
+    first = rows[("eq.pt2", "mirror-lr", 1)]
+    assert first["width"] == 6 and first["activation"] == "tanh"
+    assert first["error"] < 1e-6 and first["signed_perm_error"] < 1e-6 and first["signed_perm_neurons"] == 1.0
+    assert first["fit"].signed_perm.tolist() == [1, 0, 3, 2, 4, 5]
+    assert first["fit"].signs.tolist() == [1, 1, 1, 1, 1, -1]
+    assert rows[("eq.pt2", "mirror-lr", 1)]["identity_error"] > 0.1        # the mirror does move the layer
+    assert rows[("random.pt2", "mirror-lr", 1)]["signed_perm_error"] > 0.1
+    assert rows[("eq.pt2", "mirror-ud", 1)]["signed_perm_error"] > 0.1      # built for left-right only
+    with pytest.raises(JobError, match="perm-input:3 has no counterpart on its feature maps"):
+        analyse_catalog(tmp_path / "catalog", None, ["perm-input:3"], samples=100)
+
+
+def test_cnns_with_a_spec_are_analysed(tiny):
+    report = analyse_catalog(tiny["catalog"], "zoo = 'cnn'", ["mirror-lr"], samples=400)
+    layers = [r["layer"] for r in report.rows]
+    assert layers == sorted(set(layers)) and len(layers) >= 2
+    assert all(np.isfinite(r["error"]) and r["width"] > 0 for r in report.rows)
 
 
 def test_cli_end_to_end(tiny):
@@ -295,8 +341,9 @@ def test_cli_end_to_end(tiny):
     bad = CliRunner().invoke(jobs_cli, ["layer-equivariance", "--catalog", catalog, "--transform", "rotate"])
     assert bad.exit_code == 1 and "unknown transform 'rotate'" in bad.output and "Traceback" not in bad.output
     bad = CliRunner().invoke(jobs_cli, ["layer-equivariance", "--catalog", catalog, "--where", "zoo = 'cnn'",
-                                        "--transform", "mirror-lr", "--samples", "100"])
-    assert bad.exit_code == 1 and "MLPs only" in bad.output
+                                        "--transform", "perm-input", "--samples", "100"])
+    assert bad.exit_code == 1 and "has no counterpart on its feature maps" in bad.output
+    assert "Traceback" not in bad.output
 
 
 def test_sync_shows_the_newest_errors_on_both_backends(tiny, store_factory):
