@@ -151,7 +151,8 @@ def classify(run_id, target, png, catalog):
 @click.option("--no-reset-bn", is_flag=True,
               help="Keep interpolated batch-norm statistics instead of recomputing them on training data.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Write the merged checkpoint here (.safetensors with a JSON sidecar).")
+              help="Write the merged checkpoint here (.safetensors with a JSON sidecar; .pt2 for models "
+                   "ingested from torch.export archives).")
 @click.option("--ingest", is_flag=True, help="Ingest the merged checkpoint into the catalog (needs --out).")
 @_device_option
 @catalog_option

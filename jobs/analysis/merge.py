@@ -88,7 +88,7 @@ class Evaluator:
 
         self.model, self.device = model, torch.device(device)
         try:
-            xtr, ytr, xte, yte = evaluation_data(str(model.metadata.get("dataset")), model.spec["input_shape"])
+            xtr, ytr, xte, yte = evaluation_data(str(model.metadata.get("dataset")), model.plan.input_shape)
         except KeyError as exc:
             raise JobError(f"cannot evaluate model {model.model_id}: {exc.args[0]} (merging evaluates on the "
                            "data of the zoo kinds `pipeline zoo make` trains: cnn and mlp)") from None
@@ -98,8 +98,10 @@ class Evaluator:
         self.has_bn = any(op.running_stats for op in model.plan.ops)
 
     def module(self, state: dict[str, torch.Tensor], reset_bn: bool) -> torch.nn.Module:
+        if reset_bn and self.has_bn and self.model.spec is None:
+            state = self.settle(state, True)
         net = self.model.module(state).to(self.device)
-        if reset_bn and self.has_bn:
+        if reset_bn and self.has_bn and self.model.spec is not None:
             reset_batch_norm(net, self.x_train)
         return net
 
@@ -108,6 +110,8 @@ class Evaluator:
         asked and the architecture has batch norm); every other entry unchanged."""
         if not (reset_bn and self.has_bn):
             return state
+        if self.model.spec is None:         # an exported graph has no batch-norm modules to run in training mode
+            return batch_norm_statistics(self.model, state, self.x_train)
         stats = self.module(state, True).state_dict()
         return {**state, **{k: v.cpu() for k, v in stats.items() if "running_" in k}}
 
@@ -131,6 +135,25 @@ def reset_batch_norm(net: torch.nn.Module, x: torch.Tensor, batch: int = 256) ->
     net.eval()
 
 
+@torch.no_grad()
+def batch_norm_statistics(model: CatalogModel, state: dict[str, torch.Tensor], x: torch.Tensor,
+                          batch: int = 256) -> dict[str, torch.Tensor]:
+    """``state`` with every batch norm's running mean / variance recomputed on ``x`` through the
+    exported graph, exactly as :func:`reset_batch_norm` does with modules: each batch runs with
+    the norms in training mode, and the batches' means and unbiased variances are averaged."""
+    net = model.network(state)
+    sums: dict[str, list] = {}
+    for i in range(0, len(x), batch):
+        for key, (mean, var) in net.batch_statistics(x[i:i + batch].cpu()).items():
+            sums.setdefault(key, []).append((mean, var))
+    state = dict(state)
+    var_of = {op.mean_key: op.var_key for op in model.plan.ops if op.running_stats}
+    for key, parts in sums.items():
+        state[key] = torch.stack([m for m, _ in parts]).mean(0).to(state[key].dtype)
+        state[var_of[key]] = torch.stack([v for _, v in parts]).mean(0).to(state[var_of[key]].dtype)
+    return state
+
+
 def interpolate(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
     """(1 - alpha) a + alpha b for float tensors; integer buffers are A's."""
     return {k: (1 - alpha) * v + alpha * b[k] if v.is_floating_point() else v.clone() for k, v in a.items()}
@@ -145,23 +168,16 @@ def loss_barrier(evaluate: Evaluator, a: dict, b: dict, points: int, reset_bn: b
 # --------------------------------------------------------------------------- alignment inputs
 @torch.no_grad()
 def layer_activations(model: CatalogModel, state: dict[str, torch.Tensor], x: torch.Tensor) -> dict[int, np.ndarray]:
-    """Per neuron layer, the (neurons, samples) responses to ``x``: the output of the module that
-    last writes the layer (its conv / linear / norm, or the residual block summing into it)."""
-    net = model.module(state).to(x.device)
-    modules = dict(net.named_modules())
-    writer = {op["dst_layer"]: op["path"] for op in model.plan.ops if op.get("path") in modules}
+    """Per neuron layer, the (neurons, samples x positions) responses to ``x``: the value of the
+    operation that last writes the layer (its conv / linear / norm, or the residual sum), before
+    the layer's activation, read from the network's layer taps (any converted model)."""
+    taps = model.network(state).to(x.device).taps(x, after_activation=False)
     acts: dict[int, np.ndarray] = {}
-    hooks = []
-    for layer, path in writer.items():
-        def hook(_m, _i, out, layer=layer):
-            t = out.detach().float()
-            acts[layer] = t.transpose(0, 1).reshape(t.shape[1], -1).cpu().numpy() if t.dim() > 2 else t.T.cpu().numpy()
-        hooks.append(modules[path].register_forward_hook(hook))
-    try:
-        net(x)
-    finally:
-        for h in hooks:
-            h.remove()
+    for layer, t in taps.items():
+        if layer == 0:
+            continue
+        t = t.detach().float()
+        acts[layer] = t.transpose(0, 1).reshape(t.shape[1], -1).cpu().numpy() if t.dim() > 2 else t.T.cpu().numpy()
     return acts
 
 
@@ -277,23 +293,31 @@ def merge_models(catalog: Catalog | str, model_a: str, model_b: str, cfg: MergeC
 
 
 def write_merged(report: MergeReport, a: CatalogModel, out: Path) -> Path:
-    """``out`` as ``.safetensors`` with its JSON sidecar (spec, provenance, measured metrics)."""
+    """``out`` as ``.safetensors`` with its JSON sidecar (spec, provenance, measured metrics); a
+    model without a spec (a torch.export archive) as ``.pt2``, its kept program with the merged
+    weights, beside the same sidecar without the spec."""
     from safetensors.torch import save_file
 
-    if out.suffix != ".safetensors":
-        out = out.with_suffix(".safetensors")
+    from pipeline.neural_graph.runnable import save_program_archive
+
+    suffix = ".safetensors" if report.spec is not None else ".pt2"
+    if out.suffix != suffix:
+        out = out.with_suffix(suffix)
     out.parent.mkdir(parents=True, exist_ok=True)
     written = report.row(f"aligned ({report.method})")
     inherited = {k: v for k, v in a.metadata.items()
                  if k not in ("index", "zoo_seed", "init_seed", "recipe", "test_accuracy", "train_accuracy",
                               "test_loss") and not isinstance(v, (dict, list))}
     side: dict[str, Any] = {
-        "architecture": report.spec,
+        **({"architecture": report.spec} if report.spec is not None else {}),
         "metadata": {**inherited, "merged_from": f"{report.model_a},{report.model_b}", "merge_method": report.method,
                      "merge_alpha": report.alpha, **({"merge_run": report.run_id} if report.run_id else {})},
         "metrics": {"test_accuracy": written.test_accuracy, "test_loss": written.test_loss}}
     tmp = out.with_name(f".{out.name}.tmp")
-    save_file({k: v.contiguous() for k, v in report.state.items()}, str(tmp))
+    if report.spec is not None:
+        save_file({k: v.contiguous() for k, v in report.state.items()}, str(tmp))
+    else:
+        save_program_archive(tmp, a.program[0], report.state, a.program[1])
     os.replace(tmp, out)
     sidecar = out.with_suffix(".json")
     tmp = sidecar.with_name(f".{sidecar.name}.tmp")

@@ -95,6 +95,7 @@ def layer_nodes(exported) -> dict[int, tuple[str, str]]:
 
 
 _SHAPED = ("view", "_unsafe_view", "reshape", "expand")
+_BN_EVAL = torch.ops.aten._native_batch_norm_legit_no_training.default
 
 
 def _exported_batch(exported) -> int | None:
@@ -157,6 +158,7 @@ class Network(nn.Module):
                 raise CheckpointError(f"the state dict has no {target!r}, which the network reads")
             self.register_buffer(f"slot{i}", torch.as_tensor(value).detach().clone())
             self.slots.append(f"slot{i}")
+        self.input_keys = {s.arg.name: s.target for s in sig.input_specs if s.kind.name != "USER_INPUT"}
         kinds = [s.kind.name for s in sig.output_specs]
         self.output = kinds.index("USER_OUTPUT")
         self.batch = _exported_batch(exported)
@@ -191,6 +193,7 @@ class Network(nn.Module):
         return {k: torch.cat([p[k] for p in parts])[:len(x)] for k in parts[0]}
 
     def _run(self, x: torch.Tensor, want):
+        x = x.clone(memory_format=torch.contiguous_format)     # standard strides: the graph views were traced on them
         if self.batch is None or len(x) == self.batch:
             return self._call(self.graph_module, x, want)
         ex = self._exported
@@ -207,6 +210,41 @@ class Network(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._run(x, None)
 
+    def batch_statistics(self, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Run ``x`` as one batch with every batch norm in training mode (normalising by the batch's
+        own statistics, as ``module.train()`` does): per running-mean key, the batch's (mean,
+        unbiased variance) of that norm's input, by the running-variance key's norm."""
+        x = x.clone(memory_format=torch.contiguous_format)
+        gm = self.graph_module
+        if self.batch is not None and len(x) != self.batch:
+            self._run(x[:1], None)                                  # decide the batch-free graph once
+            gm = self._exported._zoograph_batch_free
+            if gm is None:
+                raise CheckpointError(f"this graph was exported for batches of {self.batch} only; batch-norm "
+                                      "statistics need whole batches")
+        keys, found = self.input_keys, {}
+
+        class Train(torch.fx.Interpreter):
+            def run_node(self, node):
+                if node.op != "call_function" or node.target is not _BN_EVAL:
+                    return super().run_node(node)
+                args, _ = self.fetch_args_kwargs_from_env(node)
+                inp, weight, bias, eps = args[0], args[1], args[2], args[-1]
+                dims = [0, *range(2, inp.dim())]
+                mean, var = inp.mean(dims), inp.var(dims, unbiased=False)
+                found[keys[node.args[3].name]] = (mean, inp.var(dims, unbiased=True))
+                shape = [1, -1] + [1] * (inp.dim() - 2)
+                rstd = torch.rsqrt(var + eps)
+                out = (inp - mean.view(shape)) * rstd.view(shape)
+                if weight is not None:
+                    out = out * weight.view(shape)
+                if bias is not None:
+                    out = out + bias.view(shape)
+                return out, mean, rstd
+
+        Train(gm).run(*self._args(x))
+        return found
+
     def activations(self) -> list[str]:
         """Each neuron layer's activation, as the plan traced from this graph has it."""
         from pipeline.neural_graph.plan import plan_from_exported
@@ -221,3 +259,34 @@ class Network(nn.Module):
         want = {(last if after_activation else first): layer
                 for layer, (first, last) in ex._zoograph_layer_nodes.items()}
         return self._run(x, want)
+
+
+def save_program_archive(path, program_json: str, state: dict[str, torch.Tensor],
+                         program_tensors: bytes | None = None) -> None:
+    """Write a ``torch.export`` archive (``.pt2``, the layout ``torch.export.save`` writes) of the
+    kept program with ``state``: how a network without a spec leaves the catalog (merged weights)."""
+    import io
+    import json
+    import zipfile
+
+    from safetensors.torch import load
+    from torch._export.serde.schema import SCHEMA_VERSION
+
+    extra = load(program_tensors) if program_tensors else {}
+    params = {(spec.get("parameter") or {}).get("parameter_name")
+              for spec in json.loads(program_json)["graph_module"]["signature"]["input_specs"]}
+    full = {k[len(STATE):]: v for k, v in extra.items() if k.startswith(STATE)} | dict(state)
+    full = {k: nn.Parameter(v.detach().clone(), requires_grad=False) if k in params else v.detach().clone()
+            for k, v in full.items()}
+    constants = {k[len(CONSTANT):]: v for k, v in extra.items() if k.startswith(CONSTANT)}
+
+    def saved(obj) -> bytes:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        return buf.getvalue()
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("serialized_exported_program.json", program_json)
+        zf.writestr("serialized_state_dict.json", saved(full))
+        zf.writestr("serialized_constants.json", saved(constants))
+        zf.writestr("version", str(SCHEMA_VERSION))

@@ -122,3 +122,69 @@ def test_a_baseline_that_cannot_run_is_noted_and_the_chosen_method_fails_clearly
     assert {r.name for r in report.rows} >= {"aligned (weights)", "aligned (activations)"}
     with pytest.raises(JobError, match="no run 'no-such-run' in the catalog"):
         merge_models(pairs["catalog"], a, b, MergeConfig(method="embeddings", run_id="no-such-run"))
+
+
+def test_batch_norm_statistics_through_the_graph_match_the_modules(pairs):
+    """Exported graphs have no batch-norm modules to run in training mode: the statistics are
+    recomputed norm by norm through the layer taps, and agree with the modules' own reset."""
+    from jobs.analysis.merge import Evaluator, batch_norm_statistics
+
+    con = duck.connect(pairs["catalog"])
+    model = load_model(con, pairs["source"])                     # batch norm and a residual block
+    con.close()
+    assert model.spec is not None and any(op.running_stats for op in model.plan.ops)
+    evaluate = Evaluator(model)
+    state = {k: v * 1.1 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    by_modules = evaluate.settle(state, True)
+    by_graph = batch_norm_statistics(model, state, evaluate.x_train)
+    keys = [k for k in state if "running_" in k]
+    assert keys and all(not torch.allclose(by_graph[k], state[k]) for k in keys)      # they did move
+    for k in state:
+        assert torch.allclose(by_graph[k], by_modules[k], rtol=1e-5, atol=1e-6), k
+
+
+def test_torch_export_archives_merge_and_write_an_archive(pairs, tmp_path):
+    """A zoo of .pt2 archives (no JSON spec): a permuted copy written as an archive merges back
+    exactly, batch norm is re-estimated through the graph, and the merge is written as a .pt2 that
+    the safe reader ingests."""
+    from pipeline.neural_graph.runnable import save_program_archive
+
+    zoo, catalog = tmp_path / "zoo", tmp_path / "catalog"
+    make_zoo("cnn", zoo, n=16, seed=3, fmt="pt2", workers=2, progress=False, replicas=2)
+    assert ingest_zoo(zoo, catalog, progress=False).ok
+    con = duck.connect(catalog)
+    rows = con.execute("SELECT model_id, checkpoint, batchnorm FROM models ORDER BY checkpoint").fetchall()
+    source = next(r for r in rows if r[2])
+    model = load_model(con, source[0])
+    con.close()
+    assert model.spec is None and model.program[0] is not None
+    perm = random_hidden_permutation(model.graph, np.random.default_rng(1))
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    save_program_archive(copies / "copy.pt2", model.program[0], model.state_dict(model.graph.permuted(perm)),
+                         model.program[1])
+    (copies / "copy.json").write_text((zoo / model.checkpoint).with_suffix(".json").read_text())
+    assert ingest_zoo(copies, catalog, progress=False).added == 1
+    con = duck.connect(catalog)
+    copy_id = con.execute("SELECT model_id FROM models WHERE checkpoint = 'copy.pt2'").fetchone()[0]
+    con.close()
+    for method in ("activations", "weights"):
+        report = merge_models(catalog, source[0], copy_id, MergeConfig(method=method, reset_bn=False))
+        for key, value in model.state_dict().items():
+            assert torch.equal(report.state[key], value), key
+        assert report.row(f"aligned ({method})").test_accuracy == report.row("parent A").test_accuracy
+    out = tmp_path / "merged" / "m.safetensors"
+    res = CliRunner().invoke(jobs_cli, ["merge", source[0], copy_id, "--method", "weights", "--out", str(out),
+                                        "--ingest", "--catalog", str(catalog)])
+    assert res.exit_code == 0, res.output
+    written = out.with_suffix(".pt2")
+    assert written.exists() and not out.exists() and "architecture" not in json.loads(
+        written.with_suffix(".json").read_text())
+    con = duck.connect(catalog)
+    merged_id, acc = con.execute("SELECT model_id, test_accuracy FROM models WHERE checkpoint = 'm.pt2'").fetchone()
+    merged = load_model(con, merged_id)
+    con.close()
+    report = merge_models(catalog, source[0], copy_id, MergeConfig(method="weights"))
+    assert acc == pytest.approx(report.row("aligned (weights)").test_accuracy)
+    for key, value in report.state.items():               # batch norm re-estimated, then written and read back
+        assert torch.allclose(merged.state_dict()[key], value, atol=1e-6), key
