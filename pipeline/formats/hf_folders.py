@@ -22,7 +22,8 @@ from pipeline import checkpoints
 from pipeline.formats.base import Member, ZooFormat
 from pipeline.neural_graph.build import graph_from_plan
 from pipeline.neural_graph.convert import Converted, PlanCache
-from pipeline.neural_graph.plan import plan_from_module
+from pipeline.neural_graph.plan import exported_plan
+from pipeline.neural_graph.runnable import keep_program
 from pipeline.zoo_metadata import ZooMetadata, read_metrics_csv, table_rows
 from zoocore.errors import CheckpointError, UnsupportedModuleError, ZooGraphError
 
@@ -69,7 +70,8 @@ def _traced_plan(model):
         if not isinstance(out, torch.Tensor):
             continue
         try:
-            return i, plan_from_module(ModelOutput(model, i), x)
+            plan, exported = exported_plan(ModelOutput(model, i), x)
+            return i, plan, keep_program(exported, plan.state_keys)
         except UnsupportedModuleError as exc:
             first_error = first_error or exc
     raise first_error or CheckpointError("the model has no tensor output")
@@ -188,6 +190,6 @@ class HFFolders(ZooFormat):
         model = load_model(folder, config)
         key = hashlib.sha256(json.dumps({k: v for k, v in config.items() if not k.startswith("_")
                                          and k != "transformers_version"}, sort_keys=True).encode()).hexdigest()
-        _, plan = cache.traced(key, lambda: traced_plan(model))
+        _, plan, program = cache.traced(key, lambda: traced_plan(model))
         state = ModelOutput(model).state_dict()
-        return Converted(plan, graph_from_plan(plan, state), state)
+        return Converted(plan, graph_from_plan(plan, state), state, program=lambda: program)

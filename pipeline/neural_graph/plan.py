@@ -477,6 +477,11 @@ def export_module(model: torch.nn.Module, example_input: torch.Tensor):
 
 def plan_from_module(model: torch.nn.Module, example_input: torch.Tensor) -> Plan:
     """Trace an in-memory module: export it, then read the plan from the ATen graph."""
+    return exported_plan(model, example_input)[0]
+
+
+def exported_plan(model: torch.nn.Module, example_input: torch.Tensor):
+    """(plan, ExportedProgram) of an in-memory module (the program to keep beside the plan)."""
     try:
         exported = export_module(model, example_input)
     except UnsupportedModuleError:
@@ -484,7 +489,7 @@ def plan_from_module(model: torch.nn.Module, example_input: torch.Tensor) -> Pla
     except Exception as exc:  # torch.export failures: data-dependent control flow, etc.
         raise UnsupportedModuleError(type(model).__name__, "a module torch.export cannot trace",
                                      str(exc).splitlines()[0][:200]) from exc
-    return plan_from_exported(exported, set(exported.state_dict) - set(model.state_dict()))
+    return plan_from_exported(exported, set(exported.state_dict) - set(model.state_dict())), exported
 
 
 def traced_values(exported, constant_keys=frozenset()) -> list[tuple[str, _Val]]:

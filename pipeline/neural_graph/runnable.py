@@ -76,7 +76,7 @@ def exported_from_spec(spec: dict):
     return export_module(build_module(spec), example_input(spec))
 
 
-def layer_nodes(exported) -> dict[int, tuple[str, str]]:
+def layer_nodes(exported, constant_keys=frozenset()) -> dict[int, tuple[str, str]]:
     """Per neuron layer of the plan traced from ``exported``: (first, last) graph node holding the
     layer's whole value in its own layout. The first is the writer's output (before the
     activation), the last is after the activation; pooled, flattened or regrouped values are not
@@ -85,7 +85,7 @@ def layer_nodes(exported) -> dict[int, tuple[str, str]]:
 
     first: dict[int, tuple] = {}
     taps: dict[int, tuple[str, str]] = {}
-    for name, v in traced_values(exported):
+    for name, v in traced_values(exported, constant_keys):
         if v.layer is None or v.nmap is not None or v.folded is not None or v.tokens:
             continue
         key = (v.channels_last, v.spatial)
@@ -143,6 +143,7 @@ class Network(nn.Module):
         self.graph_module = exported.graph_module
         sig = exported.graph_signature
         self.slots: list[str | None] = []
+        self.constant_keys: set[str] = set()       # buffers that are not state (non-persistent ones)
         for i, spec in enumerate(sig.input_specs):
             if spec.kind.name == "USER_INPUT":
                 self.slots.append(None)
@@ -154,6 +155,7 @@ class Network(nn.Module):
                 value = state[target]
             elif target in exported.state_dict:
                 value = exported.state_dict[target]
+                self.constant_keys.add(target)
             else:
                 raise CheckpointError(f"the state dict has no {target!r}, which the network reads")
             self.register_buffer(f"slot{i}", torch.as_tensor(value).detach().clone())
@@ -249,13 +251,13 @@ class Network(nn.Module):
         """Each neuron layer's activation, as the plan traced from this graph has it."""
         from pipeline.neural_graph.plan import plan_from_exported
 
-        return [layer.activation for layer in plan_from_exported(self._exported).layers]
+        return [layer.activation for layer in plan_from_exported(self._exported, self.constant_keys).layers]
 
     def taps(self, x: torch.Tensor, after_activation: bool = True) -> dict[int, torch.Tensor]:
         """Each neuron layer's value on ``x`` (see :func:`layer_nodes`), output included."""
         ex = self._exported
         if not hasattr(ex, "_zoograph_layer_nodes"):
-            ex._zoograph_layer_nodes = layer_nodes(ex)
+            ex._zoograph_layer_nodes = layer_nodes(ex, self.constant_keys)
         want = {(last if after_activation else first): layer
                 for layer, (first, last) in ex._zoograph_layer_nodes.items()}
         return self._run(x, want)

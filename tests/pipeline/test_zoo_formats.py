@@ -158,7 +158,14 @@ def test_hugging_face_folders_ingest_and_rebuild_what_transformers_loads(hf_zoo,
         x = next(iter(example_inputs(info[folder]["arch"]).values()))
         with torch.no_grad():
             want, got = ref(x, return_dict=False)[0], net(x, return_dict=False)[0]
+            outputs = [t for t in ref(x, return_dict=False) if isinstance(t, torch.Tensor)]
+            # and without the class: the program kept at ingest, run on the exact inverse (3 inputs,
+            # where it was traced on 2)
+            x3 = torch.cat([x, x[:1]])
+            kept = load_model(con, mid).network()(x3)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert any(t.shape == kept[:2].shape and torch.allclose(kept[:2], t, rtol=1e-5, atol=1e-5) for t in outputs)
+        torch.testing.assert_close(kept[2], kept[0])
     found = _cypher(tmp_path / "cat", "MATCH (m:Model) RETURN count(m) AS n")
     assert found[0]["n"] == len(info)
 
