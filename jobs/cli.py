@@ -180,10 +180,11 @@ def merge(model_a, model_b, method, alpha, run_id, points, no_reset_bn, out, ing
 
 @main.command("layer-equivariance")
 @catalog_option
-@click.option("--where", default=None, help="SQL condition over the models view selecting the MLPs (default: all).")
+@click.option("--where", default=None, help="SQL condition over the models view selecting the models (default: all).")
 @click.option("--transform", "transforms", multiple=True, required=True, metavar="NAME",
-              help="Input transform g: mirror-lr, mirror-ud (of the square image grid of the input) or "
-                   "perm-input[:SEED] (a random permutation of the inputs). Repeatable.")
+              help="Input transform g: mirror-lr, mirror-ud (of the square image grid of a flat input, or "
+                   "of an image input's feature maps) or perm-input[:SEED] (a random permutation of a flat "
+                   "input). Repeatable.")
 @click.option("--samples", type=click.IntRange(min=8), default=100_000, show_default=True,
               help="Noise inputs per model: half fit A_i, a quarter picks the ridge, a quarter measures the errors.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the noise inputs.")
@@ -195,10 +196,12 @@ def merge(model_a, model_b, method, alpha, run_id, points, no_reset_bn, out, ing
 @translate_errors
 def layer_equivariance(catalog, where, transforms, samples, seed, noise_std, fmt, summary_only, neo4j_uri,
                        neo4j_user, neo4j_password):
-    """Which layers of the selected MLPs are equivariant to an input transform g, and to what.
+    """Which layers of the selected models are equivariant to an input transform g, and to what.
 
-    Per model and layer i (hidden layers after their activation, then the output), on Gaussian
-    noise inputs y (half fit, a quarter validates, a quarter tests):
+    Per model and neuron layer i (after its activation; the output last), on Gaussian noise inputs
+    y (half fit, a quarter validates, a quarter tests). Any converted model runs from the catalog
+    (MLPs, CNNs with batch norm and residual blocks, .pt2 archives); a convolutional layer is read
+    at one random position p per input, f_i(g y)[p] against f_i(y)[g p], so A_i acts on channels:
 
     \b
       error           median |f_i(g y) - A_i f_i(y)| / |f_i(y)|, A_i a ridge fit of
