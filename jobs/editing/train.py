@@ -26,20 +26,19 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import pyarrow as pa
 import torch
-from tqdm import tqdm
 
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
-from graphstore.schema import RUNS
 from jobs.editing.data import EditConfig, EditData, load_edit_data
 from jobs.editing.heads import GraphEditor, NFNEditor, nfn_available
 from jobs.editing.siren import MLPLayout, Params, mlp_forward, pixel_grid, widen, widened_spec
 from jobs.editing.targets import EDITS
 from jobs.config import LEGACY
 from jobs.metanets.ngnn import NGGNNConfig
+from jobs.training.loop import Schedule, fit
 from jobs.training.run_weights import read_weights, require_run, weights_files
+from jobs.training.runs import run_row
 from pipeline.neural_graph.build import state_dict_from_graph
 from pipeline.neural_graph.graph import NeuralGraph
 from zoocore.errors import JobError
@@ -79,39 +78,49 @@ def score(editor, data: EditData, idx: np.ndarray, device, batch: int = 256) -> 
     return np.concatenate(out) if out else np.zeros(0)
 
 
+class EditObjective:
+    """The edit as an objective of the shared loop (jobs.training.loop): the function-space MSE
+    of the edited INRs (K members averaged) against the transformed images; a round is
+    ``eval_every`` steps over a running permutation of the training INRs; the score is minus the
+    validation MSE."""
+
+    def __init__(self, data: EditData, cfg: EditConfig, device):
+        self.data, self.cfg, self.device = data, cfg, device
+        self.train_idx, self.val_idx = data.index("train"), data.index("val")
+        self.rng = np.random.default_rng(cfg.seed)
+        self.coords = pixel_grid(data.side).to(device)
+        self.order, self.pos, self.done = self.rng.permutation(self.train_idx), 0, 0
+
+    def rounds(self) -> int:
+        return math.ceil(self.cfg.steps / self.cfg.eval_every)
+
+    def batches(self, round_: int):
+        for _ in range(min(self.cfg.eval_every, self.cfg.steps - self.done)):
+            if self.pos >= len(self.order):
+                self.order, self.pos = self.rng.permutation(self.train_idx), 0
+            idx = self.order[self.pos:self.pos + self.cfg.batch_size]
+            self.pos += self.cfg.batch_size
+            self.done += 1
+            yield idx
+
+    def loss(self, editor, idx):
+        pred = average_function(edited_members(editor, self.data, idx, self.device), self.coords,
+                                self.data.layout.activations)
+        return per_model_mse(pred, self.data.targets[idx].to(self.device)).mean(), len(idx)
+
+    def score(self, editor) -> float:
+        return -float(score(editor, self.data, self.val_idx, self.device).mean())
+
+
 def fit_editor(editor, data: EditData, cfg: EditConfig, device, desc: str, progress: bool = True):
-    """Train ``editor`` on the function-space MSE; keep the state of best validation MSE."""
+    """Train ``editor`` on the shared loop; keep the state of best validation MSE."""
     editor.to(device)
-    opt = torch.optim.AdamW(editor.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.steps, 1), eta_min=cfg.lr * 0.05)
-    train_idx, val_idx = data.index("train"), data.index("val")
-    rng = np.random.default_rng(cfg.seed)
-    coords = pixel_grid(data.side).to(device)
-    best, best_state, history = math.inf, copy.deepcopy(editor.state_dict()), []
-    order, pos = rng.permutation(train_idx), 0
-    bar = tqdm(range(cfg.steps), desc=desc, unit="step", disable=not progress)
-    for step in bar:
-        if pos >= len(order):
-            order, pos = rng.permutation(train_idx), 0
-        idx = order[pos:pos + cfg.batch_size]
-        pos += cfg.batch_size
-        editor.train()
-        pred = average_function(edited_members(editor, data, idx, device), coords, data.layout.activations)
-        loss = per_model_mse(pred, data.targets[idx].to(device)).mean()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(editor.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-            val = float(score(editor, data, val_idx, device).mean())
-            history.append({"step": step + 1, "train_mse": float(loss), "val_mse": val})
-            bar.set_postfix(loss=f"{float(loss):.4f}", val=f"{val:.4f}")
-            if val < best:
-                best, best_state = val, copy.deepcopy(editor.state_dict())
-    bar.close()
-    editor.load_state_dict(best_state)
-    return editor.eval(), history
+    objective = EditObjective(data, cfg, device)
+    fitted = fit(editor, objective, Schedule(objective.rounds(), cfg.lr, cfg.weight_decay, clip=1.0, per_step=True,
+                                             total_steps=cfg.steps), desc, progress)
+    history = [{"step": min((h["round"] + 1) * cfg.eval_every, cfg.steps), "train_mse": h["last_loss"],
+                "val_mse": -h["val_score"]} for h in fitted.history]
+    return fitted.model.eval(), history
 
 
 def graph_editor(data: EditData, cfg: EditConfig, members: int) -> GraphEditor:
@@ -355,13 +364,10 @@ def load_editor(catalog: Catalog | str, run_id: str, device: str = "cpu") -> tup
 
 
 def write_edit_run(catalog: Catalog, run_id: str, cfg: EditConfig, metrics: dict, artifact, histories: dict) -> None:
-    """The run's row in ``runs`` (task ``edit``, target the edit, metrics per method)."""
-    config = {**asdict(cfg), "history": histories}
-    runs = pa.table({"run_id": [run_id], "task": ["edit"], "target": [cfg.edit], "where_sql": [cfg.where],
-                     "config_json": [json.dumps(config, default=str)], "metrics_json": [json.dumps(metrics)],
-                     "model_path": [str(artifact) if artifact else None], "created_at": [now_utc()],
-                     "method": [None]}, schema=RUNS)
-    catalog.commit_results(run_id, {"runs": runs})
+    """The run's row in ``runs`` (task ``edit``, target the edit, metrics per method): the same
+    run store as a predictor's (jobs.training.runs), without per-model predictions."""
+    catalog.commit_results(run_id, {"runs": run_row(run_id, "edit", cfg.edit, {**asdict(cfg), "history": histories},
+                                                    metrics, artifact, None)})
 
 
 __all__ = ["EditConfig", "EditData", "EditReport", "average_function", "edited_members", "edited_state_dict",

@@ -70,6 +70,15 @@ def write_back(catalog, store, sel: Selection, pred: np.ndarray, run_id: str) ->
     store.write_predictions(sel.target, zip(sel.model_ids, values), run_id)
 
 
+def run_row(run_id: str, task: str, target: str, config: dict, metrics: dict, artifact: Path | None,
+            method: str | None) -> pa.Table:
+    """A run's row of the ``runs`` relation, whatever trained it (a predictor, an editor)."""
+    return pa.table({"run_id": [run_id], "task": [task], "target": [target], "where_sql": [config.get("where")],
+                     "config_json": [json.dumps(config, default=str)], "metrics_json": [json.dumps(metrics)],
+                     "model_path": [str(artifact) if artifact else None], "created_at": [now_utc()],
+                     "method": [method]}, schema=RUNS)
+
+
 def write_run(catalog: Catalog, run_id: str, cfg, sel: Selection, results: dict[str, np.ndarray],
               emb: np.ndarray, metrics: dict, artifact: Path | None, splits: np.ndarray | None = None,
               method: str | None = None, in_distribution: np.ndarray | None = None) -> None:
@@ -78,10 +87,7 @@ def write_run(catalog: Catalog, run_id: str, cfg, sel: Selection, results: dict[
     default the first of ``results``; ``in_distribution``: per model, whether its weight scales lie
     within the training models' (jobs.training.trust; None: not judged)."""
     config = asdict(cfg) if is_dataclass(cfg) else cfg
-    runs = pa.table({"run_id": [run_id], "task": [sel.task], "target": [sel.target],
-                     "where_sql": [config.get("where")], "config_json": [json.dumps(config, default=str)],
-                     "metrics_json": [json.dumps(metrics)], "model_path": [str(artifact) if artifact else None],
-                     "created_at": [now_utc()], "method": [method or next(iter(results), None)]}, schema=RUNS)
+    runs = run_row(run_id, sel.task, sel.target, config, metrics, artifact, method or next(iter(results), None))
     splits = sel.splits if splits is None else splits
     cols: dict[str, list] = {k: [] for k in PREDICTIONS.names}
     task = task_named(sel.task)

@@ -9,15 +9,12 @@ artifacts and the run's rows.
 """
 from __future__ import annotations
 
-import copy
-import math
 import time
 import uuid
 from dataclasses import asdict, fields
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
@@ -32,6 +29,7 @@ from jobs.training.artifacts import save_metanetwork
 from jobs.training.data import GraphStream, Selection, layer_stats, layer_stats_of_graphs, select_models
 from jobs.training.distributed import DistContext, barrier, broadcast, init_from_env, local_batch_size, shard
 from jobs.training.inference import _batch, infer, infer_ensemble
+from jobs.training.loop import Schedule, fit
 from jobs.training.preparation import read_prepared, run_preparation, symmetry_preparation, training_changes
 from jobs.training.rescaled import score_rescaled
 from jobs.training.run_weights import predictor_files
@@ -53,61 +51,56 @@ def metrics_for(task: str, y: np.ndarray, p: np.ndarray) -> dict[str, float]:
     return task_named(task).metrics(y, p)
 
 
+class PredictionObjective:
+    """The task's loss on the training models (a round is an epoch, this rank's shard of it) and
+    its score (Kendall tau, accuracy) on the validation models: what the shared loop fits."""
+
+    def __init__(self, task: Task, cfg: TrainConfig, sel: Selection, stream: GraphStream,
+                 train_stream: GraphStream, train_idx, val_idx, scale: TargetScale, device, ctx: DistContext,
+                 seed: int):
+        self.task, self.cfg, self.sel, self.stream, self.train_stream = task, cfg, sel, stream, train_stream
+        self.train_idx, self.val_idx, self.scale, self.device, self.ctx, self.seed = (
+            train_idx, val_idx, scale, device, ctx, seed)
+        self.loss_fn = task.loss(cfg.rank_weight)
+
+    def batches(self, epoch: int):
+        local = shard(self.train_idx, self.ctx, seed=self.seed + epoch)
+        for b, batch in enumerate(self.train_stream.batches(local, local_batch_size(self.cfg.batch_size, self.ctx))):
+            if self.cfg.max_train_batches is not None and b >= self.cfg.max_train_batches:
+                return
+            yield batch
+
+    def loss(self, model, batch):
+        idx, graphs = batch
+        out, _ = model(_batch(graphs, self.device))
+        return self.loss_fn(out, self.task.encode(self.sel.targets[idx], self.scale, self.device)), len(idx)
+
+    def score(self, model) -> float:
+        idx = self.val_idx if len(self.val_idx) >= 2 else self.train_idx
+        out, _ = infer(model, self.stream, idx, self.cfg.batch_size, self.device, self.ctx)
+        return self.task.score(self.task.metrics(self.sel.targets[idx], self.task.decode(out, self.scale)))
+
+
 def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, stream: GraphStream, train_idx, val_idx,
              scale: TargetScale, device, progress: bool, desc: str, ctx: DistContext,
              train_stream: GraphStream | None = None):
-    """Train one metanetwork with early stopping on the validation split (data-parallel under
-    torchrun: this rank's shard of every global batch, gradients all-reduced). Training batches
-    come from ``train_stream`` (e.g. augmented) when given, validation from ``stream``."""
-    train_stream = train_stream or stream
-    task = task_named(sel.task)
-    loss_fn = task.loss(cfg.rank_weight)
+    """Train one metanetwork on the shared loop (jobs.training.loop) with early stopping on the
+    validation split (data-parallel under torchrun: this rank's shard of every global batch,
+    gradients all-reduced). Training batches come from ``train_stream`` (e.g. augmented) when
+    given, validation from ``stream``."""
+    objective = PredictionObjective(task_named(sel.task), cfg, sel, stream, train_stream or stream, train_idx,
+                                    val_idx, scale, device, ctx, seed)
     torch.manual_seed(seed)
     model = build_metanetwork(mcfg).to(device)
     step_model = model
     if ctx.active:          # some relations are absent from some batches: their parameters get no gradient
         step_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device] if device.type == "cuda" else None, find_unused_parameters=True)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs, eta_min=cfg.lr * 0.05)
-    best, best_state, bad, history = -math.inf, None, 0, []
-    bar = tqdm(range(cfg.epochs), desc=desc, unit="epoch", disable=not progress)
-    epochs_run = 0
-    for epoch in bar:
-        model.train()
-        total, n = 0.0, 0
-        local = shard(train_idx, ctx, seed=seed + epoch)
-        epoch_start = time.perf_counter()
-        for b, (idx, graphs) in enumerate(train_stream.batches(local, local_batch_size(cfg.batch_size, ctx))):
-            if cfg.max_train_batches is not None and b >= cfg.max_train_batches:
-                break
-            out, _ = step_model(_batch(graphs, device))
-            loss = loss_fn(out, task.encode(sel.targets[idx], scale, device))
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-            opt.step()
-            total += float(loss) * len(idx)
-            n += len(idx)
-        sched.step()
-        train_seconds = time.perf_counter() - epoch_start
-        epochs_run = epoch + 1
-        score_idx = val_idx if len(val_idx) >= 2 else train_idx
-        out, _ = infer(model, stream, score_idx, cfg.batch_size, device, ctx)
-        score = task.score(task.metrics(sel.targets[score_idx], task.decode(out, scale)))
-        history.append({"epoch": epoch, "train_loss": total / max(n, 1), "val_score": score,
-                        "train_graphs": n, "train_seconds": train_seconds})
-        bar.set_postfix(loss=f"{total / max(n, 1):.4f}", val=f"{score:.3f}")
-        if score > best + 1e-4:
-            best, best_state, bad = score, copy.deepcopy(model.state_dict()), 0
-        else:
-            bad += 1
-            if bad >= cfg.patience:
-                break
-    bar.close()
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    return model, history, epochs_run
+    fitted = fit(model, objective, Schedule(cfg.epochs, cfg.lr, cfg.weight_decay, clip=5.0, patience=cfg.patience,
+                                            min_delta=1e-4), desc, progress, step_model)
+    history = [{"epoch": h["round"], "train_loss": h["train_loss"], "val_score": h["val_score"],
+                "train_graphs": h["train_examples"], "train_seconds": h["train_seconds"]} for h in fitted.history]
+    return fitted.model, history, fitted.rounds_run
 
 
 def _selection(con, catalog: Catalog, cfg: DataConfig) -> tuple[Selection, dict[str, int], Task]:
