@@ -72,7 +72,8 @@ class SpecNet(nn.Module):
         return self.layers(x)
 
 
-def _get(layer: dict, key: str, where: str, default: Any = ...) -> Any:
+def layer_value(layer: dict, key: str, where: str, default: Any = ...) -> Any:
+    """``layer[key]`` of a JSON spec layer, or ``default``; a one-line SpecError when it is required."""
     if key in layer:
         return layer[key]
     if default is ...:
@@ -80,67 +81,56 @@ def _get(layer: dict, key: str, where: str, default: Any = ...) -> Any:
     return default
 
 
+def _activation(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
+    fn = layer_value(layer, "fn", where)
+    if fn not in _ACTIVATIONS:
+        raise SpecError(f"{where}: unknown activation {fn!r}; known: {sorted(_ACTIVATIONS)}")
+    return _ACTIVATIONS[fn]()
+
+
+def _pool(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
+    k = layer_value(layer, "kernel_size", where)
+    cls = {("maxpool", True): nn.MaxPool2d, ("maxpool", False): nn.MaxPool1d,
+           ("avgpool", True): nn.AvgPool2d, ("avgpool", False): nn.AvgPool1d}[(layer["type"], x.dim() == 4)]
+    return cls(k, stride=layer.get("stride", k))
+
+
+def _zeropad(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
+    pad = layer_value(layer, "padding", where)
+    sides = pad if isinstance(pad, list) and len(pad) == 4 else [pad]
+    if not all(isinstance(p, int) and p >= 0 for p in sides):
+        raise SpecError(f"{where}: zeropad 'padding' is one int or [left, right, top, bottom], "
+                        f"non-negative; got {pad!r}")
+    if x.dim() != 4:
+        raise SpecError(f"{where}: zeropad needs a (C, H, W) input, got shape {list(x.shape[1:])}")
+    return nn.ZeroPad2d(tuple(sides) if len(sides) == 4 else pad)
+
+
+def _adaptive_avgpool(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
+    cls = nn.AdaptiveAvgPool2d if x.dim() == 4 else nn.AdaptiveAvgPool1d
+    return cls(layer_value(layer, "output_size", where))
+
+
+# layer types that are steps between operations (no edges); the operation kinds' own layer types
+# (linear, conv, norms, embedding, residual) are registered by their modules (ops.base.SPEC_LAYERS)
+STEP_LAYERS = {"activation": _activation, "maxpool": _pool, "avgpool": _pool, "zeropad": _zeropad,
+               "adaptive_avgpool": _adaptive_avgpool, "flatten": lambda layer, x, where: nn.Flatten(),
+               "dropout": lambda layer, x, where: nn.Dropout(layer.get("p", 0.0))}
+
+
 def _make(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
+    from pipeline.neural_graph.ops import SPEC_LAYERS
+
     if not isinstance(layer, dict) or "type" not in layer:
         raise SpecError(f"{where}: each layer is an object with a 'type'")
-    kind = layer["type"]
-    if kind == "linear":
-        return nn.Linear(x.shape[-1], int(_get(layer, "out_features", where)), bias=bool(layer.get("bias", True)))
-    if kind in ("conv1d", "conv2d"):
-        cls = nn.Conv1d if kind == "conv1d" else nn.Conv2d
-        if x.dim() != (3 if kind == "conv1d" else 4):
-            raise SpecError(f"{where}: {kind} needs a {'(C, L)' if kind == 'conv1d' else '(C, H, W)'} input, "
-                            f"got shape {list(x.shape[1:])}")
-        return cls(x.shape[1], int(_get(layer, "out_channels", where)), _get(layer, "kernel_size", where),
-                   stride=layer.get("stride", 1), padding=layer.get("padding", 0),
-                   dilation=layer.get("dilation", 1), groups=int(layer.get("groups", 1)),
-                   bias=bool(layer.get("bias", True)))
-    if kind == "batchnorm":
-        cls = nn.BatchNorm2d if x.dim() == 4 else nn.BatchNorm1d
-        return cls(x.shape[1], eps=layer.get("eps", 1e-5), momentum=layer.get("momentum", 0.1))
-    if kind == "layernorm":
-        return nn.LayerNorm(x.shape[-1], eps=layer.get("eps", 1e-5))
-    if kind == "activation":
-        fn = _get(layer, "fn", where)
-        if fn not in _ACTIVATIONS:
-            raise SpecError(f"{where}: unknown activation {fn!r}; known: {sorted(_ACTIVATIONS)}")
-        return _ACTIVATIONS[fn]()
-    if kind in ("maxpool", "avgpool"):
-        k = _get(layer, "kernel_size", where)
-        dim2 = x.dim() == 4
-        cls = {("maxpool", True): nn.MaxPool2d, ("maxpool", False): nn.MaxPool1d,
-               ("avgpool", True): nn.AvgPool2d, ("avgpool", False): nn.AvgPool1d}[(kind, dim2)]
-        return cls(k, stride=layer.get("stride", k))
-    if kind == "zeropad":
-        pad = _get(layer, "padding", where)
-        sides = pad if isinstance(pad, list) and len(pad) == 4 else [pad]
-        if not all(isinstance(p, int) and p >= 0 for p in sides):
-            raise SpecError(f"{where}: zeropad 'padding' is one int or [left, right, top, bottom], "
-                            f"non-negative; got {pad!r}")
-        if x.dim() != 4:
-            raise SpecError(f"{where}: zeropad needs a (C, H, W) input, got shape {list(x.shape[1:])}")
-        return nn.ZeroPad2d(tuple(sides) if len(sides) == 4 else pad)
-    if kind == "adaptive_avgpool":
-        cls = nn.AdaptiveAvgPool2d if x.dim() == 4 else nn.AdaptiveAvgPool1d
-        return cls(_get(layer, "output_size", where))
-    if kind == "flatten":
-        return nn.Flatten()
-    if kind == "dropout":
-        return nn.Dropout(layer.get("p", 0.0))
-    if kind == "embedding":
-        return nn.Embedding(int(_get(layer, "num_embeddings", where)), int(_get(layer, "embedding_dim", where)))
-    if kind == "residual":
-        body = _build_sequence(_get(layer, "body", where), x, where + ".body")
-        with torch.no_grad():
-            y = body(x)
-        if y.shape != x.shape:
-            raise SpecError(f"{where}: a residual body must keep the shape {list(x.shape[1:])}, "
-                            f"it gives {list(y.shape[1:])}")
-        return Residual(body)
-    raise SpecError(f"{where}: unknown layer type {kind!r}")
+    build = STEP_LAYERS.get(layer["type"]) or SPEC_LAYERS.get(layer["type"])
+    if build is None:
+        raise SpecError(f"{where}: unknown layer type {layer['type']!r}; known: "
+                        f"{', '.join(sorted({*STEP_LAYERS, *SPEC_LAYERS}))}")
+    return build(layer, x, where)
 
 
-def _build_sequence(layers: list, x: torch.Tensor, where: str) -> nn.Sequential:
+def build_sequence(layers: list, x: torch.Tensor, where: str) -> nn.Sequential:
     if not isinstance(layers, list) or not layers:
         raise SpecError(f"{where}: 'layers' must be a non-empty list")
     mods = []
@@ -184,7 +174,7 @@ def validate_spec(spec: Any) -> dict:
 def build_module(spec: dict) -> SpecNet:
     """Build the (randomly initialised) network a spec describes."""
     validate_spec(spec)
-    return SpecNet(_build_sequence(spec["layers"], example_input(spec, 1), "layers")).eval()
+    return SpecNet(build_sequence(spec["layers"], example_input(spec, 1), "layers")).eval()
 
 
 def spec_hash(spec: dict) -> str:

@@ -68,7 +68,7 @@ def nfn_layout(plan) -> list[NFNLayer]:
     layers: list[NFNLayer] = []
     at, channels = 0, None
     for op in plan.ops:
-        kind = op.kind.value
+        kind = op.kind
         where = f"{kind} operation {op.path or '?'}"
         if kind not in ("conv", "linear"):
             raise JobError(f"NFN reads chains of conv and linear layers only; this architecture has a {where}")

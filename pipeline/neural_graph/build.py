@@ -89,7 +89,7 @@ def graph_from_plan(plan: Plan, state: Mapping[str, torch.Tensor]) -> NeuralGrap
         parts = op_edges(plan, state, i)
         k = parts[0].shape[0]
         if k != counts[i]:
-            raise SpecError(f"op {i} ({plan.ops[i].kind.value}) makes {k} edges, expected {counts[i]}")
+            raise SpecError(f"op {i} ({plan.ops[i].kind}) makes {k} edges, expected {counts[i]}")
         for name, arr in zip(("src", "dst", "relation", "edge_op", "weight"), parts):
             getattr(graph, name)[at:at + k] = arr
         at += k

@@ -50,6 +50,16 @@ _RESHAPE_OPS = {aten.view.default, aten.reshape.default, aten._unsafe_view.defau
                 aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default}
 
 
+# ATen op -> the tracer method reading it, for the steps between operations (the operation kinds
+# register their own: ops.TRACE_HANDLERS); a step's handler wins where both name an op
+STEP_HANDLERS: dict = {
+    **dict.fromkeys([*_ACTIVATION_OPS, aten.hardtanh.default], "activation"), **dict.fromkeys(_POOL_OPS, "pool"),
+    **dict.fromkeys(_RESHAPE_OPS, "reshape"), aten.cat.default: "cat", **dict.fromkeys(SPLIT_OPS, "split"),
+    aten.transpose.int: "transpose", **dict.fromkeys(PERMUTE_OPS, "permute"),
+    **dict.fromkeys(RESTRIDE_OPS, "restride"), **dict.fromkeys(SLICE_OPS, "slice"), **dict.fromkeys(PAD_OPS, "pad"),
+    **dict.fromkeys(ROLL_OPS, "roll"), **dict.fromkeys(EXPAND_OPS, "expand"), **dict.fromkeys(SELECT_OPS, "select")}
+
+
 @dataclass
 class NeuronLayer:
     size: int
@@ -243,7 +253,7 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         op.setdefault("path", path)
         rec = make_op(**op)
         self.ops.append(rec)
-        self.steps.append({"step": rec.kind.value, "op": len(self.ops) - 1, "dst_layer": rec.dst_layer})
+        self.steps.append({"step": rec.kind, "op": len(self.ops) - 1, "dst_layer": rec.dst_layer})
 
     # -------------------------------------------------------------- handlers
     def run(self) -> Plan:
@@ -325,33 +335,7 @@ class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, 
         if t is aten.t.default and isinstance(node.args[0], torch.fx.Node) and node.args[0].name in self.param_of:
             self.vals[node.name] = ("param_t", node.args[0])
             return
-        if t in _ACTIVATION_OPS or t is aten.hardtanh.default:
-            return self.activation(node)
-        if t in _POOL_OPS:
-            return self.pool(node)
-        if t in _RESHAPE_OPS:
-            return self.reshape(node)
-        if t is aten.cat.default:
-            return self.cat(node)
-        if t in SPLIT_OPS:
-            return self.split(node)
-        if t is aten.transpose.int:
-            return self.transpose(node)
-        if t in PERMUTE_OPS:
-            return self.permute(node)
-        if t in RESTRIDE_OPS:
-            return self.restride(node)
-        if t in SLICE_OPS:
-            return self.slice(node)
-        if t in PAD_OPS:
-            return self.pad(node)
-        if t in ROLL_OPS:
-            return self.roll(node)
-        if t in EXPAND_OPS:
-            return self.expand(node)
-        if t in SELECT_OPS:
-            return self.select(node)
-        handler = TRACE_HANDLERS.get(t)
+        handler = STEP_HANDLERS.get(t) or TRACE_HANDLERS.get(t)
         if handler is not None:
             return getattr(self, handler)(node)
         raise _unsupported(node, "not covered by the neural-graph converter")

@@ -63,7 +63,7 @@ class _SpecPlanner(*SPEC_MIXINS):
         op["path"] = path
         rec = make_op(**op)
         self.ops.append(rec)
-        self.steps.append({"step": rec.kind.value, "op": len(self.ops) - 1, "dst_layer": rec.dst_layer})
+        self.steps.append({"step": rec.kind, "op": len(self.ops) - 1, "dst_layer": rec.dst_layer})
 
     def key(self, path: str, name: str) -> str | None:
         k = f"{path}.{name}"

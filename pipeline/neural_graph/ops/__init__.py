@@ -1,4 +1,4 @@
-"""Operation kinds: one module per kind (or small family), each registered under ``OpKind``.
+"""Operation kinds: one module per kind (or small family), each found here and registered by itself.
 
 A plan's operations (``Plan.ops``) are typed records, ``Op`` subclasses. The plan JSON stores each
 as the dict ``Op.to_dict`` gives (``kind`` plus the record's fields), and ``op_from_dict`` reads it
@@ -23,25 +23,28 @@ does lives in its module:
 
 Adding a kind
 -------------
-1. A module here with the record (``@dataclass(kw_only=True)``, ``kind = OpKind.X``, a base class
-   from ``base.py``, fields for what the plan must remember; fields that are only sometimes
-   written are ``optional()``), the tracer mixin (and spec mixin, if specs can build it), and the
-   hooks whose defaults do not fit.
-2. Registration: the ``OpKind`` member in ``base.py``, a ``register(Record, tracer=..., aten=...,
-   spec=..., modules=...)`` call at the bottom of the module, and the module in ``KIND_MODULES``
-   below.
+1. A module here with the record (``@dataclass(kw_only=True)``, ``kind = "name"`` as the plan JSON
+   will store it, a base class from ``base.py``, fields for what the plan must remember; fields
+   that are only sometimes written are ``optional()``), the tracer mixin (and spec mixin, if specs
+   can build it), and the hooks whose defaults do not fit.
+2. Registration: a ``register(Record, tracer=..., aten=..., spec=..., modules=..., spec_layers=...)``
+   call at the bottom of the module. Every module of this package is imported below, in name order,
+   so nothing else names it.
 3. A new relation or node type, if the kind needs one, goes in ``vocabulary.py`` (append only).
 
 Stored plans never change: a field's name and the dict ``to_dict`` writes are part of the catalog
 format and of the architecture signature (``tests/pipeline/test_plan_pins.py`` pins them).
 """
-from pipeline.neural_graph.ops.base import (MODULE_HANDLERS, REGISTRY, SPEC_HANDLERS, SPEC_MIXINS, TRACE_HANDLERS,
-                                            TRACER_MIXINS, DenseOp, DiagonalOp, Op, OpKind, make_op, op_from_dict)
-from pipeline.neural_graph.ops import (attention, conv, embedding, gate, group_norm, linear, norm, position_bias,
-                                       residual, tokens, upsample)
+import importlib
+import pkgutil
 
-# Importing a kind's module registers it; this is the list of them.
-KIND_MODULES = (conv, linear, attention, norm, residual, embedding, tokens, gate, group_norm, position_bias, upsample)
+from pipeline.neural_graph.ops.base import (MODULE_HANDLERS, REGISTRY, SPEC_HANDLERS, SPEC_LAYERS, SPEC_MIXINS,
+                                            TRACE_HANDLERS, TRACER_MIXINS, DenseOp, DiagonalOp, Op, make_op,
+                                            op_from_dict)
 
-__all__ = ["KIND_MODULES", "MODULE_HANDLERS", "REGISTRY", "SPEC_HANDLERS", "SPEC_MIXINS", "TRACE_HANDLERS",
-           "TRACER_MIXINS", "DenseOp", "DiagonalOp", "Op", "OpKind", "make_op", "op_from_dict"]
+# Importing a kind's module registers it: every module of this package is one (base.py holds the registry).
+KIND_MODULES = tuple(importlib.import_module(f"{__name__}.{m.name}")
+                     for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name) if m.name != "base")
+
+__all__ = ["KIND_MODULES", "MODULE_HANDLERS", "REGISTRY", "SPEC_HANDLERS", "SPEC_LAYERS", "SPEC_MIXINS",
+           "TRACE_HANDLERS", "TRACER_MIXINS", "DenseOp", "DiagonalOp", "Op", "make_op", "op_from_dict"]

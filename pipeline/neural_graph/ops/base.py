@@ -14,7 +14,6 @@ parameter) and ``DenseOp`` (a weight tensor read as
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from enum import StrEnum
 from typing import Any, ClassVar, Mapping
 
 import numpy as np
@@ -22,26 +21,6 @@ import torch
 
 from pipeline.neural_graph.concat import source_layers
 from zoocore.errors import GraphValidationError, SpecError
-
-
-class OpKind(StrEnum):
-    """Operation kinds, as stored in the plan JSON's ``kind`` (never rename one)."""
-
-    LINEAR = "linear"
-    CONV = "conv"
-    BATCH_NORM = "batch_norm"
-    LAYER_NORM = "layer_norm"
-    RESIDUAL = "residual"
-    EMBEDDING = "embedding"
-    CLASS_TOKEN = "class_token"
-    POSITION = "position"
-    GATE = "gate"
-    SCALE = "scale"
-    GROUP_NORM = "group_norm"
-    RELATIVE_POSITION = "relative_position"
-    LOGIT_SCALE = "logit_scale"
-    ATTENTION_BIAS = "attention_bias"
-    ATTENTION_SCALE = "attention_scale"
 
 
 def optional(default=None):
@@ -103,7 +82,7 @@ class Op:
     (``invert_buffers``). ``constants``: the same for tables that are not state-dict entries
     (non-persistent buffers), kept for the signature and never written back."""
 
-    kind: ClassVar[OpKind]
+    kind: ClassVar[str]          # as stored in the plan JSON's ``kind`` (never rename one)
     diagonal: ClassVar[bool] = False
     running_stats: ClassVar[bool] = False      # a norm whose running mean and variance are node extras (batch norm)
     relation: str
@@ -123,7 +102,7 @@ class Op:
         sums, gates, depthwise convolutions): the two layers share one permutation."""
         return self.diagonal
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind.value}
+        out: dict[str, Any] = {"kind": self.kind}
         for f in fields(self):
             value = getattr(self, f.name)
             if value is None and f.metadata.get("omit_none"):
@@ -133,14 +112,14 @@ class Op:
 
     def __getitem__(self, key: str):
         if key == "kind":
-            return self.kind.value
+            return self.kind
         if key in self._names() and not (getattr(self, key) is None and self._omits(key)):
             return getattr(self, key)
         raise KeyError(key)
 
     def __setitem__(self, key: str, value) -> None:
         if key not in self._names():
-            raise KeyError(f"{self.kind.value} operations have no field {key!r}")
+            raise KeyError(f"{self.kind} operations have no field {key!r}")
         setattr(self, key, value)
 
     def __contains__(self, key: str) -> bool:
@@ -225,7 +204,7 @@ class Op:
     # ------------------------------------------------------------------ summary
     def describe(self, sizes) -> str:
         """Short text for the architecture summary (without the activation)."""
-        return f"{self.kind.value}({sizes[self.dst_layer]})"
+        return f"{self.kind}({sizes[self.dst_layer]})"
 
 
 @dataclass(kw_only=True)
@@ -243,7 +222,7 @@ class DiagonalOp(Op):
 
     def edges(self, inputs, state, do, c, frame, i):
         if inputs.shape[0] != c:
-            raise SpecError(f"op {i} ({self.kind.value}) joins {inputs.shape[0]} neurons to {c}")
+            raise SpecError(f"op {i} ({self.kind}) joins {inputs.shape[0]} neurons to {c}")
         top, left = frame_offset(self.kernel, frame)
         src, dst = inputs, do + np.arange(c)
         vals = self.diagonal_weight(state, c)
@@ -269,7 +248,7 @@ class UnitOp(DiagonalOp):
         return None
 
     def describe(self, sizes) -> str:
-        return f"{self.kind.value}({'+'.join(str(s) for s in source_layers(self))}->{self.dst_layer})"
+        return f"{self.kind}({'+'.join(str(s) for s in source_layers(self))}->{self.dst_layer})"
 
 
 @dataclass(kw_only=True)
@@ -323,12 +302,12 @@ class DenseOp(Op):
         src = local[graph.src[e]]
         local[inputs] = -1
         if e.shape[0] and src.min() < 0:
-            raise GraphValidationError(f"op {i} ({self.kind.value}) has an edge from a neuron it does not read")
+            raise GraphValidationError(f"op {i} ({self.kind}) has an edge from a neuron it does not read")
         cin = int(inputs.shape[0])
         groups = self.n_groups
         cin_g = cin // groups
         if e.shape[0] != c * cin_g:
-            raise GraphValidationError(f"op {i} ({self.kind.value}) has {e.shape[0]} edges, expected {c * cin_g}")
+            raise GraphValidationError(f"op {i} ({self.kind}) has {e.shape[0]} edges, expected {c * cin_g}")
         blocks = np.zeros((c, cin_g, kh, kw), np.float32)
         blocks[dst, src - (dst // (c // groups)) * cin_g] = w[:, top:top + kh, left:left + kw]
         self.store_weight(out, self.weight_from_blocks(blocks, c, cin))
@@ -351,11 +330,13 @@ class ChannelParams(DiagonalOp):
 
 
 # --------------------------------------------------------------------------- the registry
-REGISTRY: dict[OpKind, type[Op]] = {}
+REGISTRY: dict[str, type[Op]] = {}
 TRACE_HANDLERS: dict[Any, str] = {}          # ATen op -> tracer method name
 TRACER_MIXINS: list[type] = []
 SPEC_HANDLERS: list[tuple[tuple[type, ...], str]] = []   # module classes -> spec planner method name
 SPEC_MIXINS: list[type] = []
+# JSON spec layer type -> builder(layer dict, example input, where) -> nn.Module (pipeline.spec.build_module)
+SPEC_LAYERS: dict[str, Any] = {}
 # nn.Module class name -> tracer method name: every ATen node inside such a module (torch.export writes
 # nn.Upsample out as index arithmetic) is read as one call at the module's last node
 MODULE_HANDLERS: dict[str, str] = {}
@@ -363,13 +344,14 @@ MODULE_HANDLERS: dict[str, str] = {}
 
 def register(*records: type[Op], tracer: type | None = None, aten: Mapping[Any, str] | None = None,
              spec: type | None = None, modules: Mapping[tuple[type, ...], str] | None = None,
-             traced_modules: Mapping[str, str] | None = None) -> None:
+             traced_modules: Mapping[str, str] | None = None, spec_layers: Mapping[str, Any] | None = None) -> None:
     """Register operation records under their kinds, with the tracer mixin (and the ATen ops its
     methods read, or the module classes, by name, whose ATen nodes it reads as one:
-    ``traced_modules``) and the spec-planner mixin (and the module classes its methods read)."""
+    ``traced_modules``), the spec-planner mixin (and the module classes its methods read) and the
+    builders of the JSON spec layer types that make the kind's modules (``spec_layers``)."""
     for rec in records:
         if rec.kind in REGISTRY:
-            raise ValueError(f"operation kind {rec.kind.value!r} is registered twice")
+            raise ValueError(f"operation kind {rec.kind!r} is registered twice")
         REGISTRY[rec.kind] = rec
     if tracer is not None:
         TRACER_MIXINS.append(tracer)
@@ -378,13 +360,18 @@ def register(*records: type[Op], tracer: type | None = None, aten: Mapping[Any, 
     if spec is not None:
         SPEC_MIXINS.append(spec)
     SPEC_HANDLERS.extend((modules or {}).items())
+    for name, build in (spec_layers or {}).items():
+        if name in SPEC_LAYERS:
+            raise ValueError(f"spec layer type {name!r} is registered twice")
+        SPEC_LAYERS[name] = build
+
 
 
 def record_class(kind: str) -> type[Op]:
     try:
-        return REGISTRY[OpKind(kind)]
-    except ValueError:
-        raise SpecError(f"unknown operation kind {kind!r}; known: {sorted(k.value for k in REGISTRY)}") from None
+        return REGISTRY[kind]
+    except KeyError:
+        raise SpecError(f"unknown operation kind {kind!r}; known: {sorted(REGISTRY)}") from None
 
 
 def make_op(kind: str, **fields_) -> Op:

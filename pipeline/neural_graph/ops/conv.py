@@ -8,7 +8,9 @@ import torch
 from torch import nn
 
 from pipeline.neural_graph.concat import in_size, source_layers
-from pipeline.neural_graph.ops.base import DenseOp, OpKind, node_shape, register
+from pipeline.neural_graph.ops.base import DenseOp, node_shape, register
+from pipeline.spec import layer_value
+from zoocore.errors import SpecError
 
 aten = torch.ops.aten
 
@@ -17,12 +19,12 @@ def describe_dense(op: DenseOp, sizes) -> str:
     """``kind(in->out kh x kw gG)``: the summary of a weight layer (conv, linear)."""
     k = f" {op.kernel[0]}x{op.kernel[1]}" if op.relation == "conv" else ""
     g = f" g{op.groups}" if op.groups > 1 else ""
-    return f"{op.kind.value}({in_size(op, sizes)}->{sizes[op.dst_layer]}{k}{g})"
+    return f"{op.kind}({in_size(op, sizes)}->{sizes[op.dst_layer]}{k}{g})"
 
 
 @dataclass(kw_only=True)
 class Conv(DenseOp):
-    kind = OpKind.CONV
+    kind = "conv"
     groups: int = 1
     stride: list[int]
     padding: list[int]
@@ -93,5 +95,19 @@ class ConvSpec:
         return self.Val(dst, False, tuple(y.shape[2:]))
 
 
+def conv_layer(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
+    """The spec layers ``conv1d`` / ``conv2d``: out_channels, kernel_size, stride [1], padding [0],
+    dilation [1], groups [1], bias [true]."""
+    kind = layer["type"]
+    cls = nn.Conv1d if kind == "conv1d" else nn.Conv2d
+    if x.dim() != (3 if kind == "conv1d" else 4):
+        raise SpecError(f"{where}: {kind} needs a {'(C, L)' if kind == 'conv1d' else '(C, H, W)'} input, "
+                        f"got shape {list(x.shape[1:])}")
+    return cls(x.shape[1], int(layer_value(layer, "out_channels", where)), layer_value(layer, "kernel_size", where),
+               stride=layer.get("stride", 1), padding=layer.get("padding", 0), dilation=layer.get("dilation", 1),
+               groups=int(layer.get("groups", 1)), bias=bool(layer.get("bias", True)))
+
+
 register(Conv, tracer=ConvTracing, aten={aten.convolution.default: "conv"},
-         spec=ConvSpec, modules={(nn.Conv1d, nn.Conv2d): "conv"})
+         spec=ConvSpec, modules={(nn.Conv1d, nn.Conv2d): "conv"},
+         spec_layers={"conv1d": conv_layer, "conv2d": conv_layer})

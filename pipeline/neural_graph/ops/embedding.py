@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.neural_graph.ops.base import DenseOp, OpKind, node_shape, optional, register
+from pipeline.neural_graph.ops.base import DenseOp, node_shape, optional, register
+from pipeline.spec import layer_value
 
 aten = torch.ops.aten
 
@@ -31,7 +32,7 @@ class EmbeddingTable(DenseOp):
 
 @dataclass(kw_only=True)
 class Embedding(EmbeddingTable):
-    kind = OpKind.EMBEDDING
+    kind = "embedding"
 
 
 class EmbeddingTracing:
@@ -52,4 +53,11 @@ class EmbeddingTracing:
         self.vals[node.name] = self.Val(dst, True, tuple(node_shape(node)[1:-1]))
 
 
-register(Embedding, tracer=EmbeddingTracing, aten={aten.embedding.default: "embedding"})
+def embedding_layer(layer: dict, x: torch.Tensor, where: str) -> torch.nn.Module:
+    """The spec layer ``embedding``: num_embeddings, embedding_dim (first layer only, int64 input)."""
+    return torch.nn.Embedding(int(layer_value(layer, "num_embeddings", where)),
+                              int(layer_value(layer, "embedding_dim", where)))
+
+
+register(Embedding, tracer=EmbeddingTracing, aten={aten.embedding.default: "embedding"},
+         spec_layers={"embedding": embedding_layer})

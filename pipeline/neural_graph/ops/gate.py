@@ -9,14 +9,14 @@ import torch
 
 from pipeline.neural_graph.concat import source_layers
 from pipeline.neural_graph.gate import GateOps
-from pipeline.neural_graph.ops.base import ChannelParams, OpKind, UnitOp, register
+from pipeline.neural_graph.ops.base import ChannelParams, UnitOp, register
 
 aten = torch.ops.aten
 
 
 @dataclass(kw_only=True)
 class Gate(UnitOp):
-    kind = OpKind.GATE
+    kind = "gate"
 
     def scaling_ties(self):
         return [], set(source_layers(self))     # the gate's own layer takes no factor
@@ -28,7 +28,7 @@ class Gate(UnitOp):
 
 @dataclass(kw_only=True)
 class Scale(ChannelParams):
-    kind = OpKind.SCALE
+    kind = "scale"
 
 
 register(Gate, Scale, tracer=GateOps, aten={aten.mul.Tensor: "mul"})

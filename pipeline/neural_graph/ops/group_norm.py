@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.neural_graph.ops.base import OpKind, register
+from pipeline.neural_graph.ops.base import register
 from pipeline.neural_graph.ops.norm import LayerNorm
 
 aten = torch.ops.aten
@@ -16,7 +16,7 @@ aten = torch.ops.aten
 
 @dataclass(kw_only=True)
 class GroupNorm(LayerNorm):
-    kind = OpKind.GROUP_NORM
+    kind = "group_norm"
     groups: int
 
     def permutation_ties(self, sizes):
@@ -26,7 +26,7 @@ class GroupNorm(LayerNorm):
         return pairs, fixed
 
     def describe(self, sizes) -> str:
-        return f"{self.kind.value}({sizes[self.dst_layer]} g{self.groups})"
+        return f"{self.kind}({sizes[self.dst_layer]} g{self.groups})"
 
 
 class GroupNormTracing:

@@ -9,8 +9,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.neural_graph.ops.base import DenseOp, OpKind, as_numpy, optional, register
+from pipeline.neural_graph.ops.base import DenseOp, as_numpy, optional, register
 from pipeline.neural_graph.ops.conv import describe_dense
+from pipeline.spec import layer_value
 
 aten = torch.ops.aten
 
@@ -24,7 +25,7 @@ class Linear(DenseOp):
     ``zeroed_bias_rows``: rows of the bias parameter the network zeroes at call time (Swin V2's key
     bias): the graph still carries the parameter's values, so it inverts bit for bit."""
 
-    kind = OpKind.LINEAR
+    kind = "linear"
     groups: int = 1
     transposed: bool | None = optional()
     rows: list[int] | None = optional()
@@ -173,6 +174,11 @@ class LinearSpec:
         return self.Val(dst, True, ())
 
 
+def linear_layer(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
+    """The spec layer ``linear``: out_features, bias [true]."""
+    return nn.Linear(x.shape[-1], int(layer_value(layer, "out_features", where)), bias=bool(layer.get("bias", True)))
+
+
 register(Linear, tracer=LinearTracing, aten=dict.fromkeys((aten.addmm.default, aten.mm.default, aten.linear.default),
                                                           "linear"),
-         spec=LinearSpec, modules={(nn.Linear,): "linear"})
+         spec=LinearSpec, modules={(nn.Linear,): "linear"}, spec_layers={"linear": linear_layer})

@@ -9,14 +9,14 @@ import torch
 from torch import nn
 
 from pipeline.neural_graph.concat import source_layers
-from pipeline.neural_graph.ops.base import ChannelParams, OpKind, as_numpy, register
+from pipeline.neural_graph.ops.base import ChannelParams, as_numpy, register
 
 aten = torch.ops.aten
 
 
 @dataclass(kw_only=True)
 class BatchNorm(ChannelParams):
-    kind = OpKind.BATCH_NORM
+    kind = "batch_norm"
     running_stats = True
     mean_key: str | None = None
     var_key: str | None = None
@@ -58,7 +58,7 @@ class BatchNorm(ChannelParams):
 
 @dataclass(kw_only=True)
 class LayerNorm(ChannelParams):
-    kind = OpKind.LAYER_NORM
+    kind = "layer_norm"
     eps: float
 
     def scaling_ties(self):
@@ -119,7 +119,19 @@ class NormSpec:
         return self.Val(dst, v.channels_last, v.spatial)
 
 
+def batchnorm_layer(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
+    """The spec layer ``batchnorm``: eps [1e-5], momentum [0.1] (1d or 2d from the input rank)."""
+    cls = nn.BatchNorm2d if x.dim() == 4 else nn.BatchNorm1d
+    return cls(x.shape[1], eps=layer.get("eps", 1e-5), momentum=layer.get("momentum", 0.1))
+
+
+def layernorm_layer(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
+    """The spec layer ``layernorm``: eps [1e-5], over the last dimension."""
+    return nn.LayerNorm(x.shape[-1], eps=layer.get("eps", 1e-5))
+
+
 register(BatchNorm, LayerNorm, tracer=NormTracing,
          aten={aten._native_batch_norm_legit_no_training.default: "batch_norm",
                aten.native_layer_norm.default: "layer_norm"},
-         spec=NormSpec, modules={(nn.BatchNorm1d, nn.BatchNorm2d): "batch_norm"})
+         spec=NormSpec, modules={(nn.BatchNorm1d, nn.BatchNorm2d): "batch_norm"},
+         spec_layers={"batchnorm": batchnorm_layer, "layernorm": layernorm_layer})

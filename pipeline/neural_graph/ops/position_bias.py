@@ -17,18 +17,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.neural_graph.concat import source_layers
-from pipeline.neural_graph.ops.base import OpKind, UnitOp, optional, register
+from pipeline.neural_graph.ops.base import UnitOp, optional, register
 from pipeline.neural_graph.ops.embedding import EmbeddingTable
 
 
 @dataclass(kw_only=True)
 class RelativePosition(EmbeddingTable):
-    kind = OpKind.RELATIVE_POSITION
+    kind = "relative_position"
 
 
 @dataclass(kw_only=True)
 class LogitScale(EmbeddingTable):
-    kind = OpKind.LOGIT_SCALE
+    kind = "logit_scale"
     clamp: list[float | None] | None = optional()
     fn: str | None = optional()
 
@@ -44,13 +44,13 @@ class PerHeadTerm(UnitOp):
 
 @dataclass(kw_only=True)
 class AttentionBias(PerHeadTerm):
-    kind = OpKind.ATTENTION_BIAS
+    kind = "attention_bias"
     scale: float | None = optional()
 
 
 @dataclass(kw_only=True)
 class AttentionScale(PerHeadTerm):
-    kind = OpKind.ATTENTION_SCALE
+    kind = "attention_scale"
 
 
 register(RelativePosition, LogitScale, AttentionBias, AttentionScale)

@@ -9,15 +9,16 @@ import torch
 from torch import nn
 
 from pipeline.neural_graph.concat import source_layers
-from pipeline.neural_graph.ops.base import OpKind, UnitOp, optional, register
-from pipeline.spec import Residual as ResidualModule
+from pipeline.neural_graph.ops.base import UnitOp, optional, register
+from pipeline.spec import Residual as ResidualModule, build_sequence, layer_value
+from zoocore.errors import SpecError
 
 aten = torch.ops.aten
 
 
 @dataclass(kw_only=True)
 class Residual(UnitOp):
-    kind = OpKind.RESIDUAL
+    kind = "residual"
     tokens: list[int] | None = optional()
 
     def scaling_ties(self):
@@ -89,5 +90,17 @@ class ResidualSpec:
         return self.Val(dst, v.channels_last, v.spatial)
 
 
+def residual_layer(layer: dict, x: torch.Tensor, where: str) -> nn.Module:
+    """The spec layer ``residual``: body, a list of layers whose output has the input's shape;
+    computes x + body(x)."""
+    body = build_sequence(layer_value(layer, "body", where), x, where + ".body")
+    with torch.no_grad():
+        y = body(x)
+    if y.shape != x.shape:
+        raise SpecError(f"{where}: a residual body must keep the shape {list(x.shape[1:])}, "
+                        f"it gives {list(y.shape[1:])}")
+    return ResidualModule(body)
+
+
 register(Residual, tracer=ResidualTracing, aten={aten.add.Tensor: "add"},
-         spec=ResidualSpec, modules={(ResidualModule,): "residual"})
+         spec=ResidualSpec, modules={(ResidualModule,): "residual"}, spec_layers={"residual": residual_layer})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.neural_graph.ops.base import OpKind, optional, register
+from pipeline.neural_graph.ops.base import optional, register
 from pipeline.neural_graph.ops.embedding import EmbeddingTable
 
 
@@ -12,13 +12,13 @@ from pipeline.neural_graph.ops.embedding import EmbeddingTable
 class ClassToken(EmbeddingTable):
     """``tokens``: the token range the class tokens fill."""
 
-    kind = OpKind.CLASS_TOKEN
+    kind = "class_token"
     tokens: list[int] | None = optional()
 
 
 @dataclass(kw_only=True)
 class Position(EmbeddingTable):
-    kind = OpKind.POSITION
+    kind = "position"
     channels_last: bool | None = optional()
 
 
