@@ -32,7 +32,6 @@ from pipeline.neural_graph.ops import MODULE_HANDLERS, TRACE_HANDLERS, TRACER_MI
 from pipeline.neural_graph.ops.base import module_groups, type_name
 from pipeline.neural_graph.ops.attention import attention_blocks
 from pipeline.neural_graph.ops.base import node_shape
-from pipeline.neural_graph.tokens import EXPAND_OPS, SELECT_OPS, TokenOps
 from pipeline.neural_graph.vocabulary import aten_activations
 from zoocore.errors import UnsupportedModuleError
 
@@ -57,7 +56,7 @@ STEP_HANDLERS: dict = {
     **dict.fromkeys(_RESHAPE_OPS, "reshape"), aten.cat.default: "cat", **dict.fromkeys(SPLIT_OPS, "split"),
     aten.transpose.int: "transpose", **dict.fromkeys(PERMUTE_OPS, "permute"),
     **dict.fromkeys(RESTRIDE_OPS, "restride"), **dict.fromkeys(SLICE_OPS, "slice"), **dict.fromkeys(PAD_OPS, "pad"),
-    **dict.fromkeys(ROLL_OPS, "roll"), **dict.fromkeys(EXPAND_OPS, "expand"), **dict.fromkeys(SELECT_OPS, "select")}
+    **dict.fromkeys(ROLL_OPS, "roll")}
 
 
 @dataclass
@@ -158,7 +157,7 @@ _shape = node_shape
 CONST = "const"          # a value computed from constants only (masks, position ids): no neurons
 
 
-class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, TokenOps, AttentionCoreOps, CompositeOps):
+class _Tracer(*TRACER_MIXINS, ConcatOps, LayoutOps, AttentionCoreOps, CompositeOps):
     Val = _Val
     CONST = CONST
 
