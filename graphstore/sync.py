@@ -16,6 +16,8 @@ from graphstore.catalog import Catalog
 from graphstore.metadata.base import _SKIP_MODEL, MetadataStore, batches, check_property
 from zoocore.errors import StoreError
 
+# what the graph store's Architecture nodes are made of (the plan and a kept program stay in Parquet)
+ARCHITECTURE_COLUMNS = "* EXCLUDE (plan_json, spec_json, program_json, program_tensors)"
 ONE_MODEL_PER_ARCHITECTURE = (
     "SELECT l.*, r.architecture_id FROM layers l JOIN "
     "(SELECT architecture_id, min(model_id) AS model_id FROM models GROUP BY architecture_id) r USING (model_id)")
@@ -64,7 +66,7 @@ def sync_store(catalog: Catalog | str, store: MetadataStore, clear: bool = True,
             raise StoreError(f"the catalog's models have columns that cannot be graph properties: {', '.join(bad)} "
                              "(lower-case letters, digits and _, not starting with a digit); the graph store "
                              "was left unchanged")
-        architectures = con.sql("SELECT * FROM architectures").arrow().read_all().to_pylist()
+        architectures = con.sql(f"SELECT {ARCHITECTURE_COLUMNS} FROM architectures").arrow().read_all().to_pylist()
         layers = con.sql(ONE_MODEL_PER_ARCHITECTURE).arrow().read_all().to_pylist()
         preds = con.sql(LATEST_PREDICTIONS).fetchall()
         equivariance = con.execute(LATEST_LAYER_EQUIVARIANCE).fetchall()
@@ -145,7 +147,7 @@ def reconcile_models(catalog: Catalog | str, store: MetadataStore, model_ids) ->
         con.register("_ids", pa.table({"model_id": missing}))
         con.execute("CREATE TEMP TABLE _wanted AS SELECT m.* FROM models m JOIN _ids USING (model_id)")
         models = con.sql("SELECT * FROM _wanted ORDER BY model_id").arrow().read_all().to_pylist()
-        archs = con.sql("SELECT * FROM architectures WHERE architecture_id IN "
+        archs = con.sql(f"SELECT {ARCHITECTURE_COLUMNS} FROM architectures WHERE architecture_id IN "
                         "(SELECT architecture_id FROM _wanted)").arrow().read_all().to_pylist()
         layers = con.sql("SELECT l.*, w.architecture_id FROM layers l JOIN (SELECT architecture_id, "
                          "min(model_id) AS model_id FROM _wanted GROUP BY 1) w USING (model_id)"

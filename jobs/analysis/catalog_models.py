@@ -10,6 +10,7 @@ original file, whatever format it came in.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,10 @@ from zoocore.errors import JobError
 MODEL_ROW = ("SELECT m.model_id, m.architecture_id, m.checkpoint, m.metadata_json, a.plan_json, a.spec_json, "
              "a.program_json, a.program_tensors FROM models m JOIN architectures a USING (architecture_id) "
              "WHERE m.model_id = ?")
-_EXPORTED: dict[str, Any] = {}          # architecture id -> its exported graph (one per process)
+# (architecture id, its spec or program) -> the exported graph, the newest EXPORTED_CACHE kept: the
+# signature leaves parameter names out, so two catalogs' programs of one architecture may name them apart
+_EXPORTED: OrderedDict[tuple[str, int], Any] = OrderedDict()
+EXPORTED_CACHE = 64
 
 
 @dataclass
@@ -57,7 +61,8 @@ class CatalogModel:
         """The architecture's exported graph run on this model's weights (or ``state``): every
         converted model has one, and its ``taps`` give each neuron layer's value."""
         state = self.state_dict() if state is None else state
-        exported = _EXPORTED.get(self.architecture_id)
+        key = (self.architecture_id, hash(self.program[0] or json.dumps(self.spec, sort_keys=True)))
+        exported = _EXPORTED.get(key)
         if exported is None:
             if self.spec is not None:
                 exported = exported_from_spec(self.spec)
@@ -67,7 +72,10 @@ class CatalogModel:
                 raise JobError(f"model {self.model_id}'s network cannot be rebuilt: it has no JSON spec and its "
                                "architecture was ingested before programs were kept (ingest its zoo again "
                                "into a new catalog)")
-            _EXPORTED[self.architecture_id] = exported
+            _EXPORTED[key] = exported
+            while len(_EXPORTED) > EXPORTED_CACHE:
+                _EXPORTED.popitem(last=False)
+        _EXPORTED.move_to_end(key)
         return Network(exported, state).eval()
 
 

@@ -67,17 +67,19 @@ def nfn_layout(plan) -> list[NFNLayer]:
     what NFN cannot read."""
     layers: list[NFNLayer] = []
     at, channels = 0, None
+    from pipeline.neural_graph.ops.conv import Conv
+    from pipeline.neural_graph.ops.linear import Linear
+
     for op in plan.ops:
-        kind = op.kind
-        where = f"{kind} operation {op.path or '?'}"
-        if kind not in ("conv", "linear"):
+        where = f"{op.kind} operation {op.path or '?'}"
+        if not isinstance(op, (Conv, Linear)):
             raise JobError(f"NFN reads chains of conv and linear layers only; this architecture has a {where}")
         if op.src_layer != at or op.get("src_segments"):
             raise JobError(f"NFN reads chains of conv and linear layers only; the {where} does not read the "
                            "layer before it")
         if op.bias_key is None:
             raise JobError(f"NFN reads layers with biases only; the {where} has none")
-        if kind == "conv":
+        if isinstance(op, Conv):
             if op.get("groups", 1) != 1:
                 raise JobError(f"NFN reads dense convolutions only; the {where} has {op['groups']} groups")
             out, inn, kh, kw = op.weight_shape
