@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from graphstore.metadata.ladybug_store import LadybugStore
 from pipeline import checkpoints, torch_archive
 from tests.hostile.attacks import run_attacks, summary
 from tests.hostile.corpus import build, fire
+from tests.processes import press_ctrl_c
 from zoocore.errors import CheckpointError, StoreError
 from zoocore.names import InvalidName, check_name
 
@@ -217,24 +217,11 @@ def test_sql_limits_hold_for_the_whole_process_tree(tmp_path):
                                  "WHERE z % 7 = 3 RETURN count(*)"]])
 def test_ctrl_c_stops_a_query_with_one_line_and_exit_130(tmp_path, command):
     cat = _catalog(tmp_path, graph=command[1] == "cypher")
-    proc = subprocess.Popen([sys.executable, "-m", *command[:2], "--catalog", str(cat), "--timeout", "0", command[2]],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "NEO4J_URI": ""}, start_new_session=True,
-                            # SIGINT at its default as in a terminal, even when the suite runs in the background
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    started, children = time.monotonic(), []
-    while not children and proc.poll() is None and time.monotonic() - started < 120:   # the query runs
-        time.sleep(0.1)            # (on a loaded machine the command may still be importing after seconds)
-        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    time.sleep(1)
-    os.killpg(proc.pid, signal.SIGINT)                     # what the terminal does: the whole group
-    try:
-        out, err = proc.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)                # never leave the endless query running
-        out, err = proc.communicate()
-        raise AssertionError(f"still running 20 s after Ctrl-C: {err[-500:]}") from None
-    assert proc.returncode == 130, (out, err)
+    res, children = press_ctrl_c([sys.executable, "-m", *command[:2], "--catalog", str(cat), "--timeout", "0",
+                                  command[2]], {**os.environ, "PYTHONPATH": str(ROOT), "NEO4J_URI": ""},
+                                 group=True, timeout=20)          # what the terminal does: the whole group
+    out, err = res.stdout, res.stderr
+    assert res.returncode == 130, (out, err)
     assert "Interrupted" in err and "Traceback" not in err
     assert children and all(not Path(f"/proc/{c}").exists() for c in children)     # the worker is gone
 

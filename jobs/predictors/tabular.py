@@ -147,12 +147,11 @@ class StatNN(TabularPredictor):
     def features_of_graphs(self, con, model_ids, graphs) -> np.ndarray:
         """The features of in-memory graphs of ``model_ids`` (e.g. rescaled copies: their statistics
         change, their shape does not), prepared as the predictor's own inputs are."""
-        prepare = self.preparation()
-        if prepare is not None:
-            from pipeline.graph_codec import read_plans
+        flags = self.settings.get("prepare")
+        if flags:
+            from jobs.training.preparation import prepared_graphs
 
-            arch, plans = read_plans(con, model_ids)
-            graphs = [prepare(g, plans[arch[m]].steps) for m, g in zip(model_ids, graphs)]
+            graphs = prepared_graphs(con, model_ids, graphs, dict(flags))
         return self._with_shape(con, model_ids, statnn_features_of_graphs(graphs))[0]
 
     def preparation(self):

@@ -1,7 +1,6 @@
 """Runaway queries stop: a time limit and a memory limit for SQL, a time limit for Cypher, and a
 clean exit 130 on Ctrl-C (real DuckDB, the real Ladybug store, a real Neo4j server, real processes)."""
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from graphstore.sql import memory_limit_setting, physical_memory, run_readonly
 from pipeline.cli import main as pipeline_cli
 from pipeline.ingest import ingest_zoo
 from pipeline.zoo.make import make_zoo
+from tests.processes import press_ctrl_c
 from zoocore.errors import CatalogError, QueryTimeout
 
 ENDLESS_SQL = "SELECT count(*) FROM range(CAST(1e13 AS BIGINT))"
@@ -67,30 +67,10 @@ def test_sql_memory_limit_refuses_a_hungry_query(small_catalog):
 
 
 def _interrupt(cmd: list[str], wait: float) -> subprocess.CompletedProcess:
-    """Run ``cmd``, and once its query runs (its worker process exists) and ``wait`` seconds have
-    passed, press Ctrl-C. Waiting for the worker, not a fixed time: on a loaded machine the command
-    can still be importing its modules after several seconds, and Ctrl-C there is Python's, not ours."""
-    import psutil
-
+    """Run ``cmd`` and press Ctrl-C once its query runs and ``wait`` seconds have passed."""
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    # as from a terminal: SIGINT at its default, even when the suite itself runs in the background
-    # (a shell starts background jobs with SIGINT ignored, and Python then keeps it ignored)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), start_new_session=True)
-    started = time.monotonic()
-    while not psutil.Process(proc.pid).children() and proc.poll() is None and time.monotonic() - started < 120:
-        time.sleep(0.1)
-    time.sleep(max(1.0, wait - (time.monotonic() - started)))
-    assert proc.poll() is None, proc.communicate()
-    proc.send_signal(signal.SIGINT)
-    try:
-        out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)        # never leave the endless query running
-        out, err = proc.communicate()
-        raise AssertionError(f"still running 30 s after Ctrl-C: {err[-500:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return press_ctrl_c(cmd, env, wait)[0]
 
 
 def test_ctrl_c_stops_a_query_with_one_line_and_exit_130(small_catalog):
