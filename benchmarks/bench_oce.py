@@ -104,7 +104,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-floor", action="store_true", help="skip the capacity floor rows")
     args = ap.parse_args(argv)
     from graphstore.catalog import Catalog
-    from jobs.editing.data import EditConfig, load_edit_data
+    from jobs.config import EditConfig
+    from jobs.editing.data import load_edit_data
     from jobs.editing.heads import NFNEditor, nfn_available
     from jobs.editing.train import fit_editor, graph_editor, score
     from jobs.training.compare import paired_bootstrap

@@ -7,8 +7,7 @@ import sys
 import click
 
 from graphstore.options import existing_catalog, open_store_from_options, optional_store, store_options
-from jobs.config import TrainConfig
-from jobs.metanets import METANETWORKS
+from jobs.config import EditConfig, TrainConfig
 from zoocore.dataclass_cli import click_options, from_options
 from zoocore.cli import catalog_option, format_rows, translate_errors
 
@@ -267,48 +266,23 @@ def demo(workdir, n, epochs, seed, workers, device):
 
 @main.command("train-editor")
 @catalog_option
-@click.option("--edit", type=click.Choice(["dilate", "blur", "contrast"]), default="dilate", show_default=True,
-              help="The image transformation the edited INR should compute: 3x3 grey dilation, Gaussian blur "
-                   "(sigma 1 pixel) or contrast x2, of the digit the INR was fitted to, on its pixel grid (8x8, or "
-                   "the side its zoo was made at).")
-@click.option("--where", default=None, help="SQL condition over models selecting the INRs (default: all INRs "
-                                             "with an image_index that are not themselves edits).")
-@click.option("--model", "metanet", type=click.Choice(list(METANETWORKS)), default="ngnn", show_default=True,
-              help="The metanetwork under the equivariant edge / node heads.")
-@click.option("--oce", type=click.IntRange(min=1), default=4, show_default=True, metavar="K",
-              help="Output Capacity Expansion: the heads predict K weight sets and the edited INR is their average, "
-                   "written as one network with K times wider hidden layers. 1 = off.")
-@click.option("--steps", type=click.IntRange(min=1), default=None,
-              help="Optimiser steps per editor (default 400, 60 with --quick).")
-@click.option("--quick", is_flag=True, help="A smoke run: 60 steps per editor.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--lr", type=float, default=2e-3, show_default=True)
-@click.option("--hidden", type=click.IntRange(min=4), default=32, show_default=True)
-@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True, help="Metanetwork layers.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--no-baselines", is_flag=True, help="Score only the identity and the chosen editor (no NFN, no K=1).")
-@click.option("--write", type=click.Choice(["all", "test", "none"]), default="all", show_default=True,
-              help="Which edited INRs to write as a zoo and ingest.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Folder of the edited zoo (default: ./edited-EDIT-RUN_ID).")
-@_device_option
+@click_options(EditConfig)
+@click.option("--quick", is_flag=True, help="A smoke run: 60 steps per editor (unless --steps is given).")
 @store_options
 @translate_errors
-def train_editor_cmd(catalog, edit, where, metanet, oce, steps, quick, batch_size, lr, hidden, layers, seed,
-                     no_baselines, write, out_dir, device, neo4j_uri, neo4j_user, neo4j_password):
+@click.pass_context
+def train_editor_cmd(ctx, catalog, quick, neo4j_uri, neo4j_user, neo4j_password, **options):
     """Train metanetworks whose equivariant heads edit the weights of INRs (edited = original +
     predicted change) so that each SIREN computes a transformed image, trained on the function-space
     MSE; print the test MSE of identity, NFN (NP layers), the metanetwork with K=1 and with OCE K on
     one split; write the edited INRs as a zoo and ingest them with their lineage (edited_from, edit,
-    edit_run)."""
-    from jobs.editing.data import EditConfig
+    edit_run). Every option but --quick is a field of jobs.config.EditConfig."""
     from jobs.editing.train import train_editor
 
     root = existing_catalog(catalog)
-    cfg = EditConfig(edit=edit, where=where, model=metanet, oce=oce, steps=steps or (60 if quick else 400),
-                     batch_size=batch_size, lr=lr, hidden=hidden, layers=layers, seed=seed, device=device,
-                     baselines=not no_baselines, write=write, out_dir=out_dir)
-    with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=write != "none") as (store, warning):
+    quick = quick and ctx.get_parameter_source("steps") is click.core.ParameterSource.DEFAULT
+    cfg = from_options(EditConfig, options, **({"steps": 60} if quick else {}))
+    with optional_store(catalog, neo4j_uri, neo4j_user, neo4j_password, enabled=cfg.write != "none") as (store, warning):
         report = train_editor(root, cfg, store=store)
     report.store_warning = report.store_warning or warning
     click.echo(report.summary())

@@ -17,17 +17,18 @@ ATTENTION_GROUPS = ("all", "direction", "relation")       # what one NG-T attent
 
 
 class TaskNames(Sequence):
-    """Names jobs.training.tasks defines (``TASKS`` with ``auto`` first, or ``CALIBRATIONS``), read when
-    click first asks, so that importing the CLI stays free of torch."""
+    """Names a module defines (by default jobs.training.tasks: ``TASKS`` with ``auto`` first, or
+    ``CALIBRATIONS``; or ``module``'s ``what``), read when click first asks, so that importing the
+    CLI stays free of torch."""
 
-    def __init__(self, what: str = "TASKS"):
-        self.what = what
+    def __init__(self, what: str = "TASKS", module: str = "jobs.training.tasks"):
+        self.what, self.module = what, module
 
     def _names(self) -> list[str]:
-        import jobs.training.tasks
+        import importlib
 
-        names = list(getattr(jobs.training.tasks, self.what))
-        return ["auto", *names] if self.what == "TASKS" else names
+        names = list(getattr(importlib.import_module(self.module), self.what))
+        return ["auto", *names] if (self.module, self.what) == ("jobs.training.tasks", "TASKS") else names
 
     def __getitem__(self, i):
         return self._names()[i]
@@ -168,3 +169,37 @@ class TrainConfig(ModelConfig, OptimConfig, DataConfig):
 
     def part(self, cls):
         return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
+
+
+@dataclass
+class EditConfig:
+    """A run of ``jobs train-editor`` (jobs.editing): which INRs, which edit, and the editors'
+    training; its options are generated from these fields."""
+    edit: str = option("dilate", "The image transformation the edited INR should compute: 3x3 grey dilation, "
+                       "Gaussian blur (sigma 1 pixel) or contrast x2, of the digit the INR was fitted to, on its "
+                       "pixel grid (8x8, or the side its zoo was made at).",
+                       type=click.Choice(TaskNames("EDITS", "jobs.editing.targets")))
+    where: str | None = option(None, "SQL condition over models selecting the INRs (default: all INRs with an "
+                               "image_index that are not themselves edits).")
+    model: str = option("ngnn", "The metanetwork under the equivariant edge / node heads.",
+                        type=click.Choice([n for n, e in PREDICTORS.items() if e.family == "metanetwork"]))
+    oce: int = option(4, "Output Capacity Expansion: the heads predict K weight sets and the edited INR is their "
+                      "average, written as one network with K times wider hidden layers. 1 = off.",
+                      type=click.IntRange(min=1), metavar="K")
+    steps: int = option(400, "Optimiser steps per editor (60 with --quick).", type=click.IntRange(min=1))
+    batch_size: int = option(32, "INRs per batch.", type=click.IntRange(min=1))
+    lr: float = option(2e-3, "AdamW learning rate.")
+    weight_decay: float = 1e-5
+    hidden: int = option(32, "Node embedding width.", type=click.IntRange(min=4))
+    edge_hidden: int = 16
+    layers: int = option(2, "Metanetwork layers.", type=click.IntRange(min=1))
+    nfn_channels: int = 32
+    eval_every: int = 50                # validation MSE every N steps; the best checkpoint is kept
+    seed: int = option(0, "Seed of the initialisation and the batches.")
+    device: str = option("cpu", "torch device: cpu, cuda, cuda:1 ... (no code change between them).")
+    baselines: bool = option(True, "Also train NFN (NP layers) and the metanetwork with K=1 (the identity is "
+                             "always scored); --no-baselines scores only the identity and the chosen editor.")
+    write: str = option("all", "Which edited INRs to write as a zoo and ingest.",
+                        type=click.Choice(["all", "test", "none"]))
+    out_dir: str | None = option(None, "Folder of the edited zoo (default: ./edited-EDIT-RUN_ID).",
+                                 type=click.Path(file_okay=False), flag_name="out")

@@ -11,6 +11,7 @@ import torch
 
 from graphstore import duck
 from graphstore.catalog import Catalog
+from jobs.config import EditConfig
 from jobs.training.data import LayerStats, layer_stats_of_graphs, normalised_graph, select_models
 from jobs.editing.siren import MLPLayout, Params
 from jobs.editing.targets import target_pixels
@@ -23,28 +24,6 @@ from zoocore.errors import JobError
 LINEAR = RELATIONS.index("linear")
 INHERITED_SKIP = ("index", "zoo_seed", "init_seed", "recipe", "mse", "psnr", "steps", "lr", "optimizer",
                   "width")          # an edit with output capacity expansion is wider than its original
-
-
-@dataclass
-class EditConfig:
-    edit: str = "dilate"
-    where: str | None = None
-    model: str = "ngnn"                 # the metanetwork (jobs.metanets): ngnn | ngt
-    oce: int = 4                        # K weight sets averaged (Output Capacity Expansion); 1 = off
-    steps: int = 400                    # optimiser steps per editor
-    batch_size: int = 32
-    lr: float = 2e-3
-    weight_decay: float = 1e-5
-    hidden: int = 32
-    edge_hidden: int = 16
-    layers: int = 2
-    nfn_channels: int = 32
-    eval_every: int = 50                # validation MSE every N steps; the best checkpoint is kept
-    seed: int = 0
-    device: str = "cpu"
-    baselines: bool = True              # identity is always scored; this adds NFN and the K = 1 metanetwork
-    write: str = "all"                  # which edited INRs to write and ingest: all | test | none
-    out_dir: str | None = None
 
 
 @dataclass

@@ -30,7 +30,8 @@ import torch
 
 from graphstore import duck
 from graphstore.catalog import Catalog, now_utc
-from jobs.editing.data import EditConfig, EditData, load_edit_data
+from jobs.config import EditConfig
+from jobs.editing.data import EditData, load_edit_data
 from jobs.editing.heads import GraphEditor, NFNEditor, nfn_available
 from jobs.editing.siren import MLPLayout, Params, mlp_forward, pixel_grid, widen, widened_spec
 from jobs.editing.targets import EDITS

@@ -15,7 +15,8 @@ from graphstore.catalog import Catalog
 from jobs.cli import main as jobs_cli
 from jobs.editing.siren import MLPLayout, mlp_forward, permute_params, pixel_grid, widen, widened_spec
 from jobs.editing.targets import digit_images, transform_images
-from jobs.editing.data import EditConfig, EditData, load_edit_data
+from jobs.config import EditConfig
+from jobs.editing.data import EditData, load_edit_data
 from jobs.editing.train import average_function, edited_members, edited_state_dict, graph_editor, load_editor
 from pipeline.checkpoints import load_state_dict, read_sidecar
 from pipeline.neural_graph.convert import convert_checkpoint
