@@ -111,18 +111,32 @@ def _user_inputs(exported) -> set[str]:
     return {s.arg.name for s in exported.graph_signature.input_specs if s.kind.name == "USER_INPUT"}
 
 
+def _group_norm_any_batch(x, weight, bias, n, c, hxw, group, eps):
+    """``aten.native_group_norm`` with its batch argument read off the input, not the graph."""
+    return torch.ops.aten.native_group_norm.default(x, weight, bias, x.shape[0], c, hxw, group, eps)
+
+
 def _batch_free(graph_module, batch: int):
-    """``graph_module`` with reshapes that take any batch (a copy, their leading ``batch`` made -1;
-    the graph itself when no reshape names the batch)."""
+    """``graph_module`` with reshapes that take any batch (a copy: a reshape's leading ``batch``
+    made -1, its other sizes written out where it had a -1 of its own; a group norm reads the batch
+    off its input), or the graph itself when nothing names the batch."""
     import copy
 
     gm = copy.deepcopy(graph_module)
     changed = False
     for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
         name = getattr(node.target, "__name__", "").split(".")[0]
-        if node.op == "call_function" and name in _SHAPED and len(node.args) > 1 \
-                and isinstance(node.args[1], (list, tuple)) and node.args[1] and node.args[1][0] == batch:
-            node.args = (node.args[0], [-1, *node.args[1][1:]], *node.args[2:])
+        if name in _SHAPED and len(node.args) > 1 and isinstance(node.args[1], (list, tuple)) and node.args[1] \
+                and node.args[1][0] == batch:
+            rest = list(node.args[1][1:])
+            if -1 in rest and name != "expand" and "val" in node.meta:
+                rest = [int(s) for s in node.meta["val"].shape[1:]]
+            node.args = (node.args[0], [-1, *rest], *node.args[2:])
+            changed = True
+        elif node.target is torch.ops.aten.native_group_norm.default:
+            node.target = _group_norm_any_batch
             changed = True
     if not changed:
         return graph_module

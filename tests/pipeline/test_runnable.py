@@ -106,3 +106,18 @@ def test_a_tampered_program_is_refused_by_name(archive):
     node["target"] = "torch.ops.aten.save.default"
     with pytest.raises(CheckpointError, match="only ATen operators are read"):
         program_from_catalog(json.dumps(program), model.program[1], model.state_dict(), "catalog")
+
+
+def test_group_norm_and_flatten_graphs_exported_for_one_sample_run_whole_batches():
+    """The blind zoos' archives are exported with a batch of 1: their group norms name the batch
+    and their reshapes hold it; both are rewritten, and checked against the one-sample graph."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.SiLU(), nn.MaxPool2d(2),
+                        nn.Flatten(), nn.Linear(128, 3)).eval()
+    exported = torch.export.export(net, (torch.zeros(1, 1, 8, 8),))
+    network = Network(exported, net.state_dict())
+    x = torch.randn(9, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(network(x), net(x), rtol=1e-5, atol=1e-6)
+    assert exported._zoograph_batch_free is not None          # one call for the batch, not nine
+    assert {k: tuple(v.shape) for k, v in network.taps(x).items()}[2] == (9, 8, 8, 8)
