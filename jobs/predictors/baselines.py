@@ -263,6 +263,24 @@ def fit_tuned(x: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray, 
     return fit_params(x[train], y[train], task, learner, best, seed), columns, best
 
 
+def single_threaded(fn):
+    """Run ``fn`` with one OpenMP and one BLAS thread. The learners here fit a few thousand rows at
+    most, where threads only add overhead, and on a machine busy with other work (a metanetwork
+    training on the other core) OpenMP's spinning threads slowed gradient boosting down 17 times:
+    StatNN on a 48-model zoo took 94 s with the default threads and 5.5 s with one."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+@single_threaded
 def fit_params(x: np.ndarray, y: np.ndarray, task: str, learner: str, params: dict, seed: int):
     """A ``learner`` with these hyperparameters fitted on all rows of ``x``; regressors clipped to
     the range of ``y``. Deterministic given ``seed``: a saved run refits it (jobs.predictors.tabular)."""

@@ -22,7 +22,8 @@ from typing import Sequence
 import numpy as np
 
 from jobs.predictors.baselines import (FLAT_GRID, INDEX_COLUMNS, fit_params, fit_tuned, flat_weights, model_activations,
-                            parameter_shapes, shape_features, statnn_features, statnn_features_of_graphs)
+                                      parameter_shapes, shape_features, single_threaded, statnn_features,
+                                      statnn_features_of_graphs)
 from jobs.training.data import Selection
 
 MIN_TRAIN = 5               # fewer training models than this and a tabular predictor abstains
@@ -92,6 +93,7 @@ class TabularPredictor:
         x, ok = self.features(con, model_ids)
         return self.predict_features(x, ok), ok
 
+    @single_threaded
     def predict_features(self, x: np.ndarray, ok: np.ndarray | None = None) -> np.ndarray:
         ok = np.ones(len(x), bool) if ok is None else ok
         out = np.full(len(x), np.nan)
