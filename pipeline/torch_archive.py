@@ -313,6 +313,12 @@ def load_exported(path: str | Path):
         raise CheckpointError(f"{where}: cannot load torch.export archive: {first_line(exc)}") from exc
 
 
+def parameter_names(program: dict) -> set:
+    """The state-dict keys a ``.pt2`` program reads as parameters (not buffers or constants)."""
+    return {(spec.get("parameter") or {}).get("parameter_name")
+            for spec in program["graph_module"]["signature"]["input_specs"]}
+
+
 def _repair_module_paths(program: dict) -> None:
     """torch 2.2 writes a module path such as ``getattr(L['fn'], '0')`` (any ``nn.Sequential``
     child) into a comma-separated record its own reader splits on commas, so it cannot read back
@@ -346,8 +352,7 @@ def deserialize_program(program: bytes | str, state: dict, constants: dict, wher
             raise CheckpointError(f"{where}: the exported program is not a JSON object")
         check_exported_program(parsed, where)
         _repair_module_paths(parsed)
-        params = {(spec.get("parameter") or {}).get("parameter_name")
-                  for spec in parsed["graph_module"]["signature"]["input_specs"]}
+        params = parameter_names(parsed)
         state = {k: torch.nn.Parameter(v, requires_grad=False)
                  if k in params and not isinstance(v, torch.nn.Parameter) else v for k, v in state.items()}
         from torch._export.serde.schema import ExportedProgram as SerializedProgram

@@ -288,9 +288,10 @@ def save_program_archive(path, program_json: str, state: dict[str, torch.Tensor]
     from safetensors.torch import load
     from torch._export.serde.schema import SCHEMA_VERSION
 
+    from pipeline.torch_archive import parameter_names
+
     extra = load(program_tensors) if program_tensors else {}
-    params = {(spec.get("parameter") or {}).get("parameter_name")
-              for spec in json.loads(program_json)["graph_module"]["signature"]["input_specs"]}
+    params = parameter_names(json.loads(program_json))
     full = {k[len(STATE):]: v for k, v in extra.items() if k.startswith(STATE)} | dict(state)
     full = {k: nn.Parameter(v.detach().clone(), requires_grad=False) if k in params else v.detach().clone()
             for k, v in full.items()}
