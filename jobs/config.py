@@ -139,6 +139,10 @@ class MetanetConfig:
                                   type=click.IntRange(min=0), metavar="K")
     fourier: int = option(32, "Add random Fourier features (F frequencies) of every edge's weights and every bias "
                           "to their encodings. 0 = off.", type=click.IntRange(min=0), metavar="F")
+    head_statistics: bool = option(False, "Also give the head each model's StatNN features beside its graph "
+                                   "embedding (per-layer weight and bias statistics, shape descriptors on mixed zoos; "
+                                   "read after the symmetry preparation, as normal scores of the training models' "
+                                   "quantiles): the graph adds to what statistics know.")
     heads: int = option(4, "NG-T: attention heads (they split --hidden).", type=click.IntRange(min=1))
     attention_groups: str = option("all", "NG-T: what one attention softmax runs over: all of a neuron's edges, its "
                                    "in-edges and reverse edges apart (direction), or each edge type apart "

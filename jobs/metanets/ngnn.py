@@ -36,6 +36,7 @@ class NGGNNConfig(MetanetConfig):
     max_layers: int = 64         # positional embeddings of hidden layers
     max_positions: int = 128     # positional embeddings of input / output neurons
     kind: str = "ngnn"           # which metanetwork (jobs.predictors): ngnn | ngt
+    statistics_dim: int = 0      # width of the head's statistics input (jobs.training.head_statistics); 0: none
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -324,7 +325,8 @@ class NGGNN(nn.Module):
         self.forward_etypes = [e for e in cfg.etypes if not e[1].startswith("rev_")]
         self.readout_dim = (2 * H * len(NODE_TYPES) + cfg.edge_hidden * len(self.forward_etypes)
                             + H * cfg.readout_outputs)
-        self.head = nn.Sequential(nn.Linear(self.readout_dim, H), nn.SiLU(), nn.Dropout(cfg.dropout),
+        self.head = nn.Sequential(nn.Linear(self.readout_dim + cfg.statistics_dim, H), nn.SiLU(),
+                                  nn.Dropout(cfg.dropout),
                                   nn.Linear(H, cfg.out_dim))
         self.quasi = QuasiScaling(cfg.quasi_eps, max_layers=cfg.max_layers) if cfg.quasi else None
 
@@ -436,6 +438,12 @@ class NGGNN(nn.Module):
         dense[graph_of[keep], pos[keep]] = h_out[keep]
         return dense.reshape(len(counts), K * H)
 
-    def forward(self, g) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, g, statistics: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head output and the invariant graph embedding; ``statistics`` (B, statistics_dim): each
+        model's statistics inputs (jobs.training.head_statistics), for a metanetwork built to read them."""
         z = self.embed(g)
+        if self.cfg.statistics_dim:
+            if statistics is None or statistics.shape != (len(z), self.cfg.statistics_dim):
+                raise ValueError(f"this metanetwork's head reads {self.cfg.statistics_dim} statistics per model")
+            return self.head(torch.cat([z, statistics.to(z.dtype)], -1)), z
         return self.head(z), z

@@ -21,12 +21,13 @@ from zoocore.errors import JobError
 
 def save_metanetwork(catalog: Catalog, run_id: str, models: list[NGGNN], sel: Selection, stats: LayerStats,
                      scale: TargetScale, cfg: TrainConfig, stack: Stack | None = None,
-                     trust: TrustProfile | None = None):
+                     trust: TrustProfile | None = None, head=None):
     """``CATALOG/artifacts/RUN/``: one ``metanet-<k>.safetensors`` state dict per member,
     ``metanet.json`` and the blend with a baseline (jobs.predictors.stacking) if the run made one, committed as
     one folder (a crash leaves all of them or none)."""
     manifest = RunManifest(model=models[0].cfg, stats=stats, task=sel.task, target=sel.target, frame=tuple(sel.frame),
-                           scale=scale, classes=list(sel.classes), members=len(models), train=asdict(cfg), trust=trust)
+                           scale=scale, classes=list(sel.classes), members=len(models), train=asdict(cfg), trust=trust,
+                           head=head)
     files = {}
     for k, model in enumerate(models):
         files.update(weights_files(f"metanet-{k}", model.state_dict()))

@@ -303,6 +303,7 @@ class GraphStream:
         self.chunk, self.workers, self.prefetch = chunk, workers, prefetch
         self.cache_bytes = cache_bytes
         self.prepare, self.augment, self.seed = prepare, augment, seed
+        self.side: np.ndarray | None = None     # per-model inputs beside the graph, by selection index (head statistics)
         self._cache: dict[int, object] = {}
         self._cached_bytes = 0
         self._served: dict[int, int] = {}
@@ -414,6 +415,7 @@ class GraphList:
 
     def __init__(self, graphs: Sequence[NeuralGraph], selection: Selection, stats: LayerStats, raw: bool = False):
         self.graphs, self.sel, self.stats, self.raw = list(graphs), selection, stats, raw
+        self.side: np.ndarray | None = None     # per-graph inputs beside the graph, by list index (head statistics)
 
     def batches(self, indices: Sequence[int], batch_size: int) -> Iterator[tuple[np.ndarray, list]]:
         idx = np.array(indices, dtype=np.int64)

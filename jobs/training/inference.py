@@ -17,6 +17,15 @@ def _batch(graphs, device):
     return dgl.batch(graphs).to(device)
 
 
+def apply(model: NGGNN, stream, idx, graphs, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model on one batch of ``stream`` (``idx``: the indices it served, ``graphs``: their
+    graphs), with the stream's per-model inputs beside the graphs when it has them."""
+    side = getattr(stream, "side", None)
+    if side is None:
+        return model(_batch(graphs, device))
+    return model(_batch(graphs, device), torch.as_tensor(side[np.asarray(idx)], device=device))
+
+
 @torch.no_grad()
 def infer(model: NGGNN, stream: GraphStream, indices, batch_size: int, device,
           ctx: DistContext | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -26,8 +35,8 @@ def infer(model: NGGNN, stream: GraphStream, indices, batch_size: int, device,
     model.eval()
     local = shard(indices, ctx)
     outs, embs = [], []
-    for _idx, graphs in stream.batches(local, batch_size):   # batches come back in order
-        out, z = model(_batch(graphs, device))
+    for idx, graphs in stream.batches(local, batch_size):   # batches come back in order
+        out, z = apply(model, stream, idx, graphs, device)
         outs.append(out.cpu().numpy())
         embs.append(z.cpu().numpy())
     out = np.concatenate(outs) if outs else np.zeros((0, model.cfg.out_dim), np.float32)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.training.data import LayerStats
+from jobs.training.head_statistics import HeadStatistics
 from jobs.metanets.ngnn import NGGNNConfig
 from jobs.training.tasks import TargetScale, Task, task_named
 from jobs.training.trust import TrustProfile
@@ -34,6 +35,7 @@ class RunManifest:
     members: int = 1
     train: dict[str, Any] = field(default_factory=dict)   # the TrainConfig the run was made with
     trust: TrustProfile | None = None      # the training models' weight-scale envelope (runs saved before: none)
+    head: HeadStatistics | None = None     # the head's statistics map (--head-statistics), else none
 
     @property
     def task_kind(self) -> Task:
@@ -45,7 +47,8 @@ class RunManifest:
              "target_knots": [list(self.scale.knots_x), list(self.scale.knots_y)], "task": self.task,
              "target": self.target,
              "classes": list(self.classes), "frame": list(self.frame), "train": self.train,
-             **({"trust": self.trust.to_dict()} if self.trust is not None else {})}
+             **({"trust": self.trust.to_dict()} if self.trust is not None else {}),
+             **({"head_statistics": self.head.to_dict()} if self.head is not None else {})}
         return json.dumps(d, indent=1, default=str).encode()
 
     @classmethod
@@ -61,6 +64,7 @@ class RunManifest:
                                          *(tuple(float(v) for v in k) for k in d.get("target_knots") or ((), ()))),
                        classes=list(d.get("classes") or []), members=int(d.get("members", 1)),
                        train=dict(d.get("train") or {}),
-                       trust=TrustProfile.from_dict(d["trust"]) if d.get("trust") else None)
+                       trust=TrustProfile.from_dict(d["trust"]) if d.get("trust") else None,
+                       head=HeadStatistics.from_dict(d["head_statistics"]) if d.get("head_statistics") else None)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise JobError(f"{where} is not a readable run manifest ({type(exc).__name__}: {exc})") from None

@@ -49,6 +49,10 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
         check_probe_graph(sel.etypes)
     stream = GraphStream(con, sel, manifest.stats, raw=bool(model.cfg.probes),
                          prepare=run_preparation(manifest.train))
+    if model.cfg.statistics_dim:
+        if manifest.head is None or manifest.head.width != model.cfg.statistics_dim:
+            raise JobError(f"run {run_id}: its metanetwork reads statistics its manifest does not describe")
+        stream.side = manifest.head.of_models(con, sel.model_ids)
     out, emb = infer_ensemble(models, stream, np.arange(len(sel.model_ids)), batch_size, torch.device(device), task)
     kind = manifest.model.kind
     results = {kind: task.decode(out, manifest.scale)}

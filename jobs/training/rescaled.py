@@ -25,9 +25,9 @@ def rescaled_test_graphs(con, ids, max_scale: float, seed: int) -> list:
 
 def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, scale: TargetScale,
                    cfg: TrainConfig, device, max_scale: float, baselines=(),
-                   trust: TrustProfile | None = None, stack=None) -> dict[str, dict]:
+                   trust: TrustProfile | None = None, stack=None, head=None) -> dict[str, dict]:
     """Test metrics of the metanetwork (and of the fitted ``baselines`` that read in-memory graphs,
-    and of the run's blend ``stack``) on rescaled copies U[1, max_scale] of the test models:
+    and of the run's blend ``stack``; ``head``: the run's head statistics, if it has them) on rescaled copies U[1, max_scale] of the test models:
     ``{"ngnn@xMAX": ..., "statnn@xMAX": ..., "ngnn+statnn+statnn_mlp@xMAX": ...}``."""
     test_idx = np.nonzero(sel.mask("test"))[0]
     ids = [sel.model_ids[i] for i in test_idx]
@@ -36,6 +36,8 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     tag = f"@x{max_scale:g}"
     inputs = prepared_graphs(con, ids, graphs, cfg)      # the same preparation the run trained on
     listed = GraphList(inputs, sel, stats, raw=bool(cfg.probes))
+    if head is not None:      # the head's statistics of the rescaled copies (jobs.training.head_statistics)
+        listed.side = head.of_graphs(con, ids, graphs)
     task = task_named(sel.task)
     out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, task)
     pred = task.decode(out, scale)

@@ -28,7 +28,8 @@ from jobs.predictors.tabular import fit_all
 from jobs.training.artifacts import save_metanetwork
 from jobs.training.data import GraphStream, Selection, layer_stats, layer_stats_of_graphs, select_models
 from jobs.training.distributed import DistContext, barrier, broadcast, init_from_env, local_batch_size, shard
-from jobs.training.inference import _batch, infer, infer_ensemble
+from jobs.training.head_statistics import HeadStatistics
+from jobs.training.inference import apply, infer, infer_ensemble
 from jobs.training.loop import Schedule, fit
 from jobs.training.preparation import read_prepared, run_preparation, symmetry_preparation, training_changes
 from jobs.training.rescaled import score_rescaled
@@ -39,10 +40,12 @@ from jobs.training.trust import TrustProfile
 from zoocore.errors import JobError
 
 
-def metanet_config(model: ModelConfig, etypes, frame: tuple[int, int], out_dim: int) -> NGGNNConfig:
+def metanet_config(model: ModelConfig, etypes, frame: tuple[int, int], out_dim: int,
+                   statistics_dim: int = 0) -> NGGNNConfig:
     """The metanetwork's configuration: the model part's hyperparameters plus what the selected
     models fix."""
     return NGGNNConfig(etypes=etypes, edge_in=frame[0] * frame[1], out_dim=out_dim, kind=model.model,
+                       statistics_dim=statistics_dim,
                        **{f.name: getattr(model, f.name) for f in fields(MetanetConfig)})
 
 
@@ -72,7 +75,7 @@ class PredictionObjective:
 
     def loss(self, model, batch):
         idx, graphs = batch
-        out, _ = model(_batch(graphs, self.device))
+        out, _ = apply(model, self.train_stream, idx, graphs, self.device)
         return self.loss_fn(out, self.task.encode(self.sel.targets[idx], self.scale, self.device)), len(idx)
 
     def score(self, model) -> float:
@@ -157,10 +160,14 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     if augment is not None:
         train_stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers,
                                    raw=bool(cfg.probes), prepare=train_prepare, augment=augment, seed=cfg.seed)
+    head = None
+    if cfg.head_statistics:     # StatNN's features beside the graph embedding, read as the blend's are
+        head, stream.side = HeadStatistics.fit(con, sel, symmetry_preparation(cfg))
+        train_stream.side = stream.side
     train_idx = np.nonzero(sel.mask("train"))[0]
     val_idx = np.nonzero(sel.mask("val"))[0]
     scale = task.fit_scale(sel.targets[train_idx])
-    mcfg = metanet_config(cfg, sel.etypes, sel.frame, task.output_size(sel.classes))
+    mcfg = metanet_config(cfg, sel.etypes, sel.frame, task.output_size(sel.classes), head.width if head else 0)
     try:
         build_metanetwork(mcfg)        # hyperparameters that do not fit together (NG-T: --hidden 10 --heads 4)
     except ValueError as exc:
@@ -203,9 +210,9 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         metrics = {answer: {**task.metrics(sel.targets[test], stack.predictions[test]), "note": stack.note}, **metrics}
     for max_scale in cfg.rescale_test:
         metrics.update(score_rescaled(con, models, sel, stats, scale, cfg, device, max_scale,
-                                      [p for p, r in fitted.values() if r.applicable.all()], trust, stack))
+                                      [p for p, r in fitted.values() if r.applicable.all()], trust, stack, head))
     con.close()
-    artifact = save_metanetwork(catalog, run_id, models, sel, stats, scale, cfg, stack, trust)
+    artifact = save_metanetwork(catalog, run_id, models, sel, stats, scale, cfg, stack, trust, head)
     report = RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
                        artifact=artifact, history=history)
     write_run(catalog, run_id, {**asdict(cfg), "world_size": ctx.world}, sel, results, emb, metrics, artifact,
