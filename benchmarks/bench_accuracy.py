@@ -28,6 +28,7 @@ holds zero is not a win. Predictions are read back from the catalog's ``predicti
                                                              # the default recipe (an ensemble of 3)
     .venv/bin/python benchmarks/bench_accuracy.py --zoos cnn-fixed --peers nfn_np,nfn_hnp,ww
     .venv/bin/python benchmarks/bench_accuracy.py --blind    # the blind zoos of benchmarks/blind, reported apart
+    .venv/bin/python benchmarks/bench_accuracy.py --versus head_statistics=true   # a lever against the recipe
 
 The blind zoos are for reporting only: a recipe lever chosen by looking at their numbers makes
 them development zoos (regenerate them with a new --seed).
@@ -218,6 +219,22 @@ def summarise(kind: str, per_fold: list[dict[str, dict]], resamples: int) -> lis
     return lines
 
 
+def versus_lines(per_fold: list[dict[str, dict]], tag: str, resamples: int) -> list[str]:
+    """Each variant row ``<method><tag>`` (``--versus``) against the same method without the
+    lever: the paired difference in tau on the test models both scored, with its interval."""
+    from jobs.training.compare import paired_bootstrap
+
+    lines = [f"  the lever {tag} against the recipe, paired on the same test models:"]
+    for m in [m for m in per_fold[0] if m.endswith(tag) and all(m[:-len(tag)] in f and m in f for f in per_fold)]:
+        base = m[:-len(tag)]
+        pairs = [(_arrays(f[m], ids), _arrays(f[base], ids)) for f in per_fold
+                 for ids in [sorted(set(f[m]) & set(f[base]))]]
+        d = paired_bootstrap([a[0] for a, _ in pairs], [a[1] for a, _ in pairs], [b[1] for _, b in pairs],
+                             resamples=resamples)
+        lines.append(f"    {m} - {base}: {d}" + (" *" if d.significant else ""))
+    return lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="1,500-model zoos (default: quick, 400)")
@@ -243,6 +260,10 @@ def main(argv=None) -> None:
                     "sizes above what a fold holds are skipped), the same validation and test models at each")
     ap.add_argument("--set", dest="lever", action="append", default=[], metavar="KEY=VALUE",
                     help="a TrainConfig field for the metanetworks (a recipe lever), e.g. --set layers=5; repeatable")
+    ap.add_argument("--versus", action="append", default=[], metavar="KEY=VALUE",
+                    help="also train every metanetwork with this field changed, on the same folds (rows "
+                    "'<method>[KEY=VALUE]'), and print each of its rows' paired difference to the same row "
+                    "without it: a lever measured against the recipe; repeatable (one variant, all changes)")
     args = ap.parse_args(argv)
     n = args.n or (1500 if args.full else 400)
     from jobs.config import OptimConfig
@@ -250,6 +271,8 @@ def main(argv=None) -> None:
     epochs = args.epochs or OptimConfig.epochs
     # quick mode trains one metanetwork per fold, not the recipe's ensemble of 3, to stay under 20 minutes
     lever = {**({} if args.full else {"ensemble": 1}), **overrides(args.lever)}
+    versus = overrides(args.versus)
+    tag = "[" + ",".join(f"{k}={v}" for k, v in versus.items()) + "]"
     peer_names = [p for p in args.peers.split(",") if p]
     if lever:
         print("recipe levers: " + ", ".join(f"{k}={v}" for k, v in lever.items()), flush=True)
@@ -279,9 +302,15 @@ def main(argv=None) -> None:
                         for model in filter(None, args.models.split(","))]
                 per_fold.append(with_statistics_mean(test_predictions(cat, runs) if runs else
                                                      baseline_predictions(cat, args.folds, fold, args.seed, size)))
+                if versus and runs:
+                    variant = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=True,
+                                        lever={**at_size, **versus}) for model in filter(None, args.models.split(","))]
+                    per_fold[-1].update({m + tag: p for m, p in test_predictions(cat, variant).items()
+                                         if m not in TABULAR})
                 if peers is not None:
                     per_fold[-1].update(peer_test_predictions(cat, peers.fold(args.folds, fold), args.folds, fold))
-            table = summarise(label, per_fold, args.resamples)
+            table = summarise(label, per_fold, args.resamples) + (versus_lines(per_fold, tag, args.resamples)
+                                                                  if versus else [])
             print("\n".join(table) + "\n", flush=True)
             tables += table + [""]
             curves.append((kind, size, per_fold))

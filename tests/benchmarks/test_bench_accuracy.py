@@ -62,3 +62,20 @@ def test_the_learning_curve_gives_each_size_its_own_margin():
     assert set(row) == {"ngnn", "statnn", "statnn_mlp", "statnn_avg"}
     small, large = float(row["ngnn"][1].strip("()")), float(row["ngnn"][3].strip("()"))
     assert small < 0 < large
+
+
+def test_a_lever_is_paired_against_the_same_method_without_it():
+    rng = np.random.default_rng(2)
+    tag = "[head_statistics=True]"
+    per_fold = []
+    for _ in range(3):
+        y = rng.uniform(0.1, 0.9, 300)
+        ids = [f"m{k}" for k in range(300)]
+        noisy = {"ngnn": 0.3, "ngnn" + tag: 0.05, "ngnn+statnn": 0.1, "ngnn+statnn" + tag: 0.1}
+        per_fold.append({m: {i: (t, t + rng.normal(0, s)) for i, t in zip(ids, y)} for m, s in noisy.items()})
+    lines = bench_accuracy.versus_lines(per_fold, tag, resamples=200)
+    assert lines[0] == f"  the lever {tag} against the recipe, paired on the same test models:"
+    rows = {line.split(":")[0].strip(): line.split(":", 1)[1] for line in lines[1:]}
+    assert set(rows) == {f"ngnn{tag} - ngnn", f"ngnn+statnn{tag} - ngnn+statnn"}
+    assert rows[f"ngnn{tag} - ngnn"].rstrip().endswith("*") and rows[f"ngnn{tag} - ngnn"].split()[0].startswith("+")
+    assert not rows[f"ngnn+statnn{tag} - ngnn+statnn"].rstrip().endswith("*")     # the same noise: level
