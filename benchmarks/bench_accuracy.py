@@ -67,7 +67,7 @@ def overrides(pairs: list[str]) -> dict:
 
 
 def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: int, baselines: bool,
-             lever: dict | None = None) -> str:
+             lever: dict | None = None, tag: str = "") -> str:
     from jobs.config import TrainConfig
     from jobs.training.train import train_heterognn
 
@@ -77,7 +77,7 @@ def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: in
     report = train_heterognn(cat, cfg, progress=False)
     taus = "  ".join(f"{k} {v.get('kendall_tau', float('nan')):.3f}" for k, v in report.metrics.items())
     best = max(report.history, key=lambda h: h["val_score"])["epoch"] + 1 if report.history else 0
-    print(f"  fold {fold} {model:5s} {taus}   ({time.perf_counter() - t:.0f}s, {report.n_models['test']} test models, "
+    print(f"  fold {fold} {model + tag:5s} {taus}   ({time.perf_counter() - t:.0f}s, {report.n_models['test']} test models, "
           f"best epoch {best} of {report.epochs_run})", flush=True)
     return report.run_id
 
@@ -304,7 +304,8 @@ def main(argv=None) -> None:
                                                      baseline_predictions(cat, args.folds, fold, args.seed, size)))
                 if versus and runs:
                     variant = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=True,
-                                        lever={**at_size, **versus}) for model in filter(None, args.models.split(","))]
+                                        lever={**at_size, **versus}, tag=tag)
+                               for model in filter(None, args.models.split(","))]
                     per_fold[-1].update({m + tag: p for m, p in test_predictions(cat, variant).items()
                                          if m not in TABULAR})
                 if peers is not None:
