@@ -111,6 +111,13 @@ class OptimConfig:
     device: str = option("cpu", "torch device: cpu, cuda, cuda:1 ... (no code change between them).")
     max_train_batches: int | None = None   # cap per epoch (smoke runs); None = all
     baselines: bool = option(True, "Fit the tabular predictors (StatNN, the flat-weights MLP) beside the run's own.")
+    init_from: str | None = option(None, "Fine-tune: start every ensemble member from run RUN_ID's trained "
+                                   "metanetwork (member k from its member k mod n; e.g. one trained on a large "
+                                   "generated zoo) instead of a random one. Its hyperparameters, edge types and kernel "
+                                   "frame are kept (the metanetwork options here are then ignored); the selected "
+                                   "models must fit them.", metavar="RUN_ID")
+    init_catalog: str | None = option(None, "The catalog holding --init-from's run (default: the one trained on).",
+                                      metavar="PATH")
     stack: bool = option(True, "Regression with a metanetwork: the run's answer is w * metanetwork + (1 - w) * the "
                          "mean of StatNN's two learners, w in 0, 0.1, ..., 1 chosen on validation (the row "
                          "'ngnn+statnn+statnn_mlp'); needs the baselines.")

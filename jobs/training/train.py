@@ -31,6 +31,7 @@ from jobs.training.distributed import DistContext, barrier, broadcast, init_from
 from jobs.training.head_statistics import HeadStatistics
 from jobs.training.inference import apply, infer, infer_ensemble
 from jobs.training.loop import Schedule, fit
+from jobs.training.pretrained import load_pretrained
 from jobs.training.preparation import read_prepared, run_preparation, symmetry_preparation, training_changes
 from jobs.training.rescaled import score_rescaled
 from jobs.training.run_weights import predictor_files
@@ -86,15 +87,18 @@ class PredictionObjective:
 
 def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, stream: GraphStream, train_idx, val_idx,
              scale: TargetScale, device, progress: bool, desc: str, ctx: DistContext,
-             train_stream: GraphStream | None = None):
+             train_stream: GraphStream | None = None, init: dict | None = None):
     """Train one metanetwork on the shared loop (jobs.training.loop) with early stopping on the
     validation split (data-parallel under torchrun: this rank's shard of every global batch,
     gradients all-reduced). Training batches come from ``train_stream`` (e.g. augmented) when
-    given, validation from ``stream``."""
+    given, validation from ``stream``; ``init``: a state dict to start from (--init-from)."""
     objective = PredictionObjective(task_named(sel.task), cfg, sel, stream, train_stream or stream, train_idx,
                                     val_idx, scale, device, ctx, seed)
     torch.manual_seed(seed)
-    model = build_metanetwork(mcfg).to(device)
+    model = build_metanetwork(mcfg)
+    if init is not None:
+        model.load_state_dict(init)
+    model = model.to(device)
     step_model = model
     if ctx.active:          # some relations are absent from some batches: their parameters get no gradient
         step_model = torch.nn.parallel.DistributedDataParallel(
@@ -147,6 +151,15 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         raise JobError("--scale-augment and --rescale-test take the largest factor MAX > 1 of U[1, MAX]")
     if cfg.weight_noise < 0 or not 0 <= cfg.weight_dropout < 1:
         raise JobError("--weight-noise must be >= 0 and --weight-dropout in [0, 1)")
+    mcfg = None
+    if cfg.init_from:           # fine-tuning: the source's metanetwork, and the run says so in its configuration
+        if cfg.head_statistics:
+            raise JobError("--init-from and --head-statistics: a fine-tuned metanetwork's head reads its graph only")
+        pretrained = load_pretrained(catalog, cfg.init_from, cfg.init_catalog)
+        mcfg = pretrained.fit(sel, task.output_size(sel.classes))
+        for f in fields(MetanetConfig):
+            setattr(cfg, f.name, getattr(mcfg, f.name))
+        cfg.model = mcfg.kind
     prepare = run_preparation(cfg)
     stats = (layer_stats_of_graphs(read_prepared(con, sel.ids("train"), prepare)) if prepare is not None
              else layer_stats(con, sel.ids("train")))
@@ -167,7 +180,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     train_idx = np.nonzero(sel.mask("train"))[0]
     val_idx = np.nonzero(sel.mask("val"))[0]
     scale = task.fit_scale(sel.targets[train_idx])
-    mcfg = metanet_config(cfg, sel.etypes, sel.frame, task.output_size(sel.classes), head.width if head else 0)
+    mcfg = mcfg or metanet_config(cfg, sel.etypes, sel.frame, task.output_size(sel.classes),
+                                  head.width if head else 0)
     try:
         build_metanetwork(mcfg)        # hyperparameters that do not fit together (NG-T: --hidden 10 --heads 4)
     except ValueError as exc:
@@ -176,7 +190,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     for k in range(cfg.ensemble):
         model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, scale, device,
                                     progress, f"train NG-GNN {k + 1}/{cfg.ensemble}" if cfg.ensemble > 1 else "train NG-GNN",
-                                    ctx, train_stream)
+                                    ctx, train_stream, pretrained.state_for(k) if cfg.init_from else None)
         models.append(model)
         history += [dict(h, member=k) for h in hist]
         epochs_run = max(epochs_run, ran)
