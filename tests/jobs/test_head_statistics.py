@@ -14,8 +14,8 @@ from jobs.training.artifacts import load_metanetwork
 from jobs.training.data import layer_stats, normalised_graph, select_models
 from jobs.training.head_statistics import KNOTS, SCORES, HeadStatistics
 from jobs.training.manifest import RunManifest
-from jobs.training.predict import predict
 from jobs.training.train import train_heterognn
+from tests.jobs.predict_again import predict_again_gap
 from pipeline.graph_codec import read_graphs, read_plans
 from pipeline.neural_graph.symmetry import random_rescaling
 
@@ -102,13 +102,4 @@ def test_a_run_with_head_statistics_trains_saves_and_predicts_the_same(catalog_c
     assert manifest.head is not None and models[0].cfg.statistics_dim == manifest.head.width > 0
     assert RunManifest.from_json(manifest.to_json()).head.knots == manifest.head.knots
     assert "ngnn@x4" in report.metrics          # rescaled copies get their own statistics
-    con = duck.connect(catalog_copy)
-    mine = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = 'ngnn'",
-                            [report.run_id]).fetchall())
-    con.close()
-    assert predict(catalog_copy, report.run_id, where="zoo = 'cnn'").n == len(mine) > 0
-    con = duck.connect(catalog_copy)
-    again = dict(con.execute("SELECT model_id, predicted FROM predictions WHERE starts_with(run_id, ?) "
-                             "AND method = 'ngnn'", [report.run_id + "-predict-"]).fetchall())
-    con.close()
-    assert max(abs(again[m] - v) for m, v in mine.items()) < 1e-5
+    assert predict_again_gap(catalog_copy, report.run_id, "zoo = 'cnn'") < 1e-5
