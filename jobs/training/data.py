@@ -246,7 +246,12 @@ def normalised_graph(graph: NeuralGraph, stats: LayerStats, frame: tuple[int, in
                      etypes: Sequence[CanonicalEtype], raw: bool = False, model_id: str = "?"):
     """The metanetwork's input: ``graph`` as a DGL heterograph with per-layer normalised features
     (biases by neuron layer, weights by operation and relation, kernels reframed to ``frame``);
-    ``raw`` also keeps the raw scalar weights and biases that probe features need (1x1 edges only)."""
+    ``raw`` also keeps the raw scalar weights and biases that probe features need (1x1 edges only).
+    A graph with a NaN or infinite value (a diverged checkpoint) is refused by name: one would turn
+    every prediction of the run into NaN."""
+    if not (np.isfinite(graph.weight).all() and np.isfinite(graph.bias).all()):
+        raise JobError(f"model {model_id} has NaN or infinite weights (a diverged checkpoint?): leave it out, "
+                       f"e.g. --where \"model_id <> '{model_id}'\"")
     bm, bs = stats.bias(graph.node_layer)
     bias = (graph.bias.astype(np.float64) - bm) / bs
     bias[graph.node_type == NODE_TYPES.index("input")] = 0.0

@@ -199,6 +199,12 @@ def _incoming_norms(graph: NeuralGraph, weight: np.ndarray, bias: np.ndarray, ex
     return np.sqrt(sq + bias ** 2), total + bias
 
 
+# Incoming (or outgoing) coefficient norms at or below this are a dead neuron's: float32 noise, not a
+# direction. Canonical and balanced scaling leave such a neuron's scale alone; dividing by its norm
+# (one collapsed model of a development zoo had norms of 1e-27) overflows float32 downstream.
+DEAD = 1e-10
+
+
 def canonical_scaling(graph: NeuralGraph, steps: list[dict] | None = None) -> tuple[NeuralGraph, np.ndarray]:
     """One representative per scaling (and sign) orbit: every rescalable hidden neuron gets unit-norm
     incoming coefficients (weights and bias), and, where signs may flip, a positive sum of them; the
@@ -222,8 +228,9 @@ def canonical_scaling(graph: NeuralGraph, steps: list[dict] | None = None) -> tu
                                       current.extra.astype(np.float64), {layer})
         sl = slice(offsets[layer], offsets[layer] + sizes[layer])
         f = np.ones(int(sizes[layer]))
-        if SCALE in group:
-            f = np.where(norm[sl] > 0, 1.0 / np.where(norm[sl] > 0, norm[sl], 1.0), 1.0)
+        if SCALE in group:      # a dead neuron (no incoming coefficient above DEAD) keeps its scale
+            live = norm[sl] > DEAD
+            f = np.where(live, 1.0 / np.where(live, norm[sl], 1.0), 1.0)
         if SIGN in group:
             f = f * np.where(total[sl] < 0, -1.0, 1.0)
         step = np.ones(graph.num_nodes)
@@ -283,7 +290,7 @@ def balanced_scaling(graph: NeuralGraph, steps: list[dict] | None = None, sweeps
                 sl = slice(offsets[layer], offsets[layer] + sizes[layer])
                 si += inn[sl] ** 2
                 so += out[sl] ** 2
-            ok = (si > 0) & (so > 0)
+            ok = (si > DEAD ** 2) & (so > DEAD ** 2)
             f = np.where(ok, (np.where(ok, so, 1.0) / np.where(ok, si, 1.0)) ** 0.25, 1.0)
             for layer in members:
                 step[offsets[layer]:offsets[layer] + sizes[layer]] = f

@@ -87,3 +87,25 @@ def test_fewer_training_models_are_nested_and_leave_validation_and_test_alone(ca
     by_id = dict(zip(sel.model_ids, sel.targets))
     assert all(by_id[m] == t for m, t in zip(small.model_ids, small.targets))
     assert sel.with_training_models(n + 5) is sel
+
+
+def test_a_diverged_checkpoint_is_refused_by_name_not_trained_on(catalog_dir):
+    """One NaN weight would make every prediction of a run NaN: the graph is refused, naming the
+    model and how to leave it out."""
+    import dataclasses
+
+    from jobs.training.data import normalised_graph
+    from zoocore.errors import JobError
+
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
+    stats = layer_stats(con, sel.ids("train"))
+    graph, = read_graphs(con, sel.model_ids[:1])
+    con.close()
+    assert normalised_graph(graph, stats, sel.frame, sel.etypes, model_id=sel.model_ids[0]) is not None
+    weight = graph.weight.copy()
+    weight[3, 0] = np.nan
+    with pytest.raises(JobError, match=f"model {sel.model_ids[0]} has NaN or infinite weights") as exc:
+        normalised_graph(dataclasses.replace(graph, weight=weight), stats, sel.frame, sel.etypes,
+                         model_id=sel.model_ids[0])
+    assert f"--where \"model_id <> '{sel.model_ids[0]}'\"" in str(exc.value)

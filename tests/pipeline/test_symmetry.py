@@ -157,3 +157,24 @@ def test_the_balanced_form_is_one_representative_per_orbit_with_equal_in_and_out
         np.testing.assert_allclose(inn[nodes], out[nodes], rtol=2e-2)
     sq = lambda g: float((g.weight.astype(np.float64) ** 2).sum() + (g.bias.astype(np.float64) ** 2).sum())  # noqa: E731
     assert sq(base) <= sq(conv.graph) * (1 + 1e-6) or not untied
+
+
+def test_a_dead_neuron_keeps_its_scale_and_the_forms_stay_finite():
+    """A collapsed network (one development zoo had hidden neurons with incoming norms of 1e-27):
+    dividing by such a norm overflowed float32 and turned a whole training run into NaN. A neuron
+    whose incoming coefficients are all below DEAD is left unscaled, so the forms stay finite and
+    the network computes the same function. (What such a neuron feeds is then only as invariant as
+    the neuron itself: float noise is not a direction.)"""
+    spec, model, conv = _convert("relu_res_cnn", 1)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    w = state["layers.0.weight"]                   # the first conv: its channel 2 dies
+    w[2] = 1e-28 * torch.sign(w[2])
+    state["layers.0.bias"][2] = 0.0
+    model.load_state_dict(state)
+    conv = convert_state_dict(model.state_dict(), spec)
+    for form in (canonical_scaling(conv.graph, conv.plan.steps)[0], balanced_scaling(conv.graph, conv.plan.steps)):
+        assert np.isfinite(form.weight).all() and np.isfinite(form.bias).all()
+        assert np.isfinite(form.extra[~np.isnan(conv.graph.extra)]).all()
+        x = sample_input(spec, n=8, seed=0)
+        with torch.no_grad():
+            assert _rel(_run(spec, form, x), model(x)) < 1e-4
