@@ -27,7 +27,8 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
                    cfg: TrainConfig, device, max_scale: float, baselines=(),
                    trust: TrustProfile | None = None, stack=None, head=None) -> dict[str, dict]:
     """Test metrics of the metanetwork (and of the fitted ``baselines`` that read in-memory graphs,
-    and of the run's blend ``stack``; ``head``: the run's head statistics, if it has them) on rescaled copies U[1, max_scale] of the test models:
+    and of the run's blend ``stack``; ``head``: the run's head statistics, if it has them) on rescaled
+    copies U[1, max_scale] of the test models:
     ``{"ngnn@xMAX": ..., "statnn@xMAX": ..., "ngnn+statnn+statnn_mlp@xMAX": ...}``."""
     test_idx = np.nonzero(sel.mask("test"))[0]
     ids = [sel.model_ids[i] for i in test_idx]

@@ -151,7 +151,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         raise JobError("--scale-augment and --rescale-test take the largest factor MAX > 1 of U[1, MAX]")
     if cfg.weight_noise < 0 or not 0 <= cfg.weight_dropout < 1:
         raise JobError("--weight-noise must be >= 0 and --weight-dropout in [0, 1)")
-    mcfg = None
+    mcfg, pretrained = None, None
     if cfg.init_from:           # fine-tuning: the source's metanetwork, and the run says so in its configuration
         if cfg.head_statistics:
             raise JobError("--init-from and --head-statistics: a fine-tuned metanetwork's head reads its graph only")
@@ -190,7 +190,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     for k in range(cfg.ensemble):
         model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, scale, device,
                                     progress, f"train NG-GNN {k + 1}/{cfg.ensemble}" if cfg.ensemble > 1 else "train NG-GNN",
-                                    ctx, train_stream, pretrained.state_for(k) if cfg.init_from else None)
+                                    ctx, train_stream, pretrained.state_for(k) if pretrained is not None else None)
         models.append(model)
         history += [dict(h, member=k) for h in hist]
         epochs_run = max(epochs_run, ran)
