@@ -8,7 +8,8 @@
    pretrained metanetwork on the same training, validation and test models, and prints the
    paired difference of the fine-tuned rows to the recipe's.
 
-Development zoos only: a lever chosen by looking at the blind zoos makes them development zoos.
+``--blind --seed S`` evaluates on the blind zoos of that seed instead: report only, since a lever
+chosen by looking at the blind zoos makes them development zoos.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_pretraining.py              # ~1 hour on 2 cores
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_pretraining.py --source-run RUN_ID   # reuse step 1
@@ -33,6 +34,9 @@ def main(argv=None) -> None:
     ap.add_argument("--zoos", default="cnn,cnn-fixed", help="the evaluated development zoos (default cnn,cnn-fixed)")
     ap.add_argument("--n", type=int, default=1500, help="models per evaluated zoo (default 1500)")
     ap.add_argument("--curve", default="100,250", help="training sizes (default 100,250: small user zoos)")
+    ap.add_argument("--blind", action="store_true", help="evaluate on the blind zoos (--zoos among wild_cnn, "
+                    "tabular_mlp, fixed_cnn) instead: report only, never choose by them")
+    ap.add_argument("--seed", type=int, default=0, help="with --blind, the blind zoos' seed (default 0)")
     args = ap.parse_args(argv)
     if args.source_seed == 0:
         ap.error("--source-seed 0 is the evaluated zoos' seed: pretraining on them would see their test models")
@@ -50,7 +54,8 @@ def main(argv=None) -> None:
         print(f"pretrained {run} on {source} ({report.n_models['train']} training models, test tau {tau:.3f}, "
               f"{time.perf_counter() - t:.0f}s)", flush=True)
     bench_accuracy.main(["--n", str(args.n), "--zoos", args.zoos, "--models", "ngnn", "--curve", args.curve,
-                         "--versus", f"init_from={run}", "--versus", f"init_catalog={source}"])
+                         "--versus", f"init_from={run}", "--versus", f"init_catalog={source}"]
+                        + (["--blind", "--seed", str(args.seed)] if args.blind else []))
     print(f"{time.perf_counter() - started:.0f}s with pretraining")
 
 

@@ -113,9 +113,9 @@ class OptimConfig:
     baselines: bool = option(True, "Fit the tabular predictors (StatNN, the flat-weights MLP) beside the run's own.")
     init_from: str | None = option(None, "Fine-tune: start every ensemble member from run RUN_ID's trained "
                                    "metanetwork (member k from its member k mod n; e.g. one trained on a large "
-                                   "generated zoo) instead of a random one. Its hyperparameters, edge types and kernel "
-                                   "frame are kept (the metanetwork options here are then ignored); the selected "
-                                   "models must fit them.", metavar="RUN_ID")
+                                   "generated zoo) instead of a random one. Its hyperparameters, edge types, kernel "
+                                   "frame and statistics map (--head-statistics) are kept (the metanetwork options "
+                                   "here are then ignored); the selected models must fit them.", metavar="RUN_ID")
     init_catalog: str | None = option(None, "The catalog holding --init-from's run (default: the one trained on).",
                                       metavar="PATH")
     stack: bool = option(True, "Regression with a metanetwork: the run's answer is w * metanetwork + (1 - w) * the "
@@ -146,7 +146,7 @@ class MetanetConfig:
                                   type=click.IntRange(min=0), metavar="K")
     fourier: int = option(32, "Add random Fourier features (F frequencies) of every edge's weights and every bias "
                           "to their encodings. 0 = off.", type=click.IntRange(min=0), metavar="F")
-    head_statistics: bool = option(False, "Also give the head each model's StatNN features beside its graph "
+    head_statistics: bool = option(True, "Also give the head each model's StatNN features beside its graph "
                                    "embedding (per-layer weight and bias statistics, shape descriptors on mixed zoos; "
                                    "read after the symmetry preparation, as normal scores of the training models' "
                                    "quantiles): the graph adds to what statistics know.")
@@ -163,7 +163,8 @@ class MetanetConfig:
 
 
 # what runs saved before a field existed computed (jobs.metanets.ngnn.NGGNNConfig.from_dict fills them in)
-LEGACY = {"readout_outputs": 0, "fourier": 0, "attention_std": False, "relation_values": False}
+LEGACY = {"readout_outputs": 0, "fourier": 0, "attention_std": False, "relation_values": False,
+          "head_statistics": False}
 
 
 @dataclass

@@ -209,25 +209,32 @@ class FlatMLP(TabularPredictor):
         return "one parameter shape; " + super().note()
 
 
-def fit_all(con, sel: Selection, names: Sequence[str], seed: int = 0,
-            prepare: dict | None = None) -> dict[str, tuple[TabularPredictor, Prediction]]:
+def settled(p: TabularPredictor, con, sel: Selection, prepare: dict | None = None) -> TabularPredictor:
+    """``p`` with its feature settings chosen on ``sel`` (``settle``); the StatNN family also reads
+    its statistics after the preparation flags ``prepare`` (see ``StatNN.preparation``)."""
+    p.settings = p.settle(con, sel)
+    if prepare and isinstance(p, StatNN):
+        p.settings["prepare"] = dict(prepare)
+    return p
+
+
+def fit_all(con, sel: Selection, names: Sequence[str], seed: int = 0, prepare: dict | None = None,
+            read: dict | None = None) -> dict[str, tuple[TabularPredictor, Prediction]]:
     """These predictors (jobs.predictors names, tabular or weight-space) fitted on one selection;
     tabular ones that read the same features with the same settings (StatNN's two learners) read
-    them once. ``prepare``: preparation flags the StatNN family reads its statistics after (see
-    ``StatNN.preparation``)."""
+    them once. ``prepare``: see ``settled``. ``read``: features already read for ``sel``'s models
+    (``read_once``'s cache; e.g. the head statistics'), filled in as they are read."""
     from jobs.predictors import fitted_predictor
 
-    read: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    read = {} if read is None else read
     out = {}
     for name in names:
         p = fitted_predictor(name, seed)
         if not isinstance(p, TabularPredictor):
             out[name] = (p, p.fit(con, sel))
             continue
-        p.settings = p.settle(con, sel)
-        if prepare and isinstance(p, StatNN):
-            p.settings["prepare"] = dict(prepare)
-        out[name] = (p, p.fit(con, sel, _read_once(read, p, con, sel.model_ids), p.settings))
+        settled(p, con, sel, prepare)
+        out[name] = (p, p.fit(con, sel, read_once(read, p, con, sel.model_ids), p.settings))
     return out
 
 
@@ -235,12 +242,13 @@ def predict_all(con, predictors: Sequence[TabularPredictor], model_ids: Sequence
     """Each fitted predictor's predictions for ``model_ids`` (NaN where it does not apply); those
     that read the same features with the same settings read them once."""
     read: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-    return [p.predict_features(*_read_once(read, p, con, model_ids)) for p in predictors]
+    return [p.predict_features(*read_once(read, p, con, model_ids)) for p in predictors]
 
 
-def _read_once(read: dict, p: TabularPredictor, con, model_ids) -> tuple[np.ndarray, np.ndarray]:
+def read_once(read: dict, p: TabularPredictor, con, model_ids) -> tuple[np.ndarray, np.ndarray]:
     """``p``'s features of ``model_ids``, from ``read`` when a predictor of the same features and
-    settings already read them (no predictor changes the arrays it is given)."""
+    settings already read them (no predictor changes the arrays it is given); one cache serves
+    one list of models."""
     import json
 
     key = (type(p).features, json.dumps(p.settings, sort_keys=True))

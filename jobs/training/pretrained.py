@@ -7,8 +7,9 @@ metanetwork trained on a large generated zoo (``jobs train-heterognn`` on it) is
 user's zoo: every ensemble member starts from the source run's member k mod n, with the source's
 hyperparameters, edge types and kernel frame (so every tensor carries over); the selected models
 must fit them, as for ``jobs predict``. The per-layer normalisation and the target scale are the
-new zoo's. The source run may live in another catalog (``--init-catalog``); its weights are read
-as tensors only, like any run folder.
+new zoo's; a source whose head reads statistics (``--head-statistics``) gives the run its
+statistics map too. The source run may live in another catalog (``--init-catalog``); its weights
+are read as tensors only, like any run folder.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 from graphstore.catalog import Catalog
 from jobs.metanets.ngnn import NGGNNConfig
+from jobs.training.head_statistics import HeadStatistics
 from zoocore.errors import JobError
 
 
@@ -27,6 +29,8 @@ class Pretrained:
     config: NGGNNConfig                 # the source's metanetwork (edge types, frame, hyperparameters)
     frame: tuple[int, int]
     states: list[dict[str, torch.Tensor]]     # one state dict per source member
+    head: HeadStatistics | None = None  # the source's statistics map (--head-statistics): the new zoo's models
+    #                                     are read and scored with it, so the head's inputs mean what they meant
 
     def state_for(self, member: int) -> dict[str, torch.Tensor]:
         return self.states[member % len(self.states)]
@@ -57,8 +61,5 @@ def load_pretrained(catalog: Catalog, run_id: str, source: str | None = None) ->
     if not where.exists():
         raise JobError(f"--init-catalog: no catalog at {source}")
     models, manifest = load_metanetwork(where, run_id)
-    if manifest.model.statistics_dim:
-        raise JobError(f"--init-from {run_id}: its head reads its own zoo's statistics (--head-statistics); "
-                       "fine-tune from a run without them")
     return Pretrained(run_id, manifest.model, tuple(manifest.frame),
-                      [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models])
+                      [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models], manifest.head)

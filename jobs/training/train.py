@@ -133,6 +133,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     except ValueError as exc:
         raise JobError(str(exc)) from None
     if family != "metanetwork":
+        if cfg.init_from:
+            raise JobError(f"--init-from fine-tunes a metanetwork; --model {cfg.model} is not one")
         return train_fitted(catalog, cfg, store)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -153,8 +155,6 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         raise JobError("--weight-noise must be >= 0 and --weight-dropout in [0, 1)")
     mcfg, pretrained = None, None
     if cfg.init_from:           # fine-tuning: the source's metanetwork, and the run says so in its configuration
-        if cfg.head_statistics:
-            raise JobError("--init-from and --head-statistics: a fine-tuned metanetwork's head reads its graph only")
         pretrained = load_pretrained(catalog, cfg.init_from, cfg.init_catalog)
         mcfg = pretrained.fit(sel, task.output_size(sel.classes))
         for f in fields(MetanetConfig):
@@ -173,9 +173,12 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     if augment is not None:
         train_stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers,
                                    raw=bool(cfg.probes), prepare=train_prepare, augment=augment, seed=cfg.seed)
-    head = None
-    if cfg.head_statistics:     # StatNN's features beside the graph embedding, read as the blend's are
-        head, stream.side = HeadStatistics.fit(con, sel, symmetry_preparation(cfg))
+    head, read = None, {}      # read: StatNN's features of the selection, shared by the head and the blend
+    if pretrained is not None and pretrained.head is not None:    # the source's map: its inputs mean the same
+        head = pretrained.head
+        stream.side = train_stream.side = head.of_models(con, sel.model_ids)
+    elif cfg.head_statistics and pretrained is None:    # StatNN's features beside the graph embedding
+        head, stream.side = HeadStatistics.fit(con, sel, symmetry_preparation(cfg), read)
         train_stream.side = stream.side
     train_idx = np.nonzero(sel.mask("train"))[0]
     val_idx = np.nonzero(sel.mask("val"))[0]
@@ -211,11 +214,11 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         barrier(ctx)
         return RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
                          history=history)
-    fitted = fit_all(con, sel, predictor_names("tabular"), cfg.seed) if cfg.baselines else {}
+    fitted = fit_all(con, sel, predictor_names("tabular"), cfg.seed, read=read) if cfg.baselines else {}
     _score_tabular(task, sel, fitted, results, metrics)
     partners, invariant = fitted, symmetry_preparation(cfg)
     if cfg.stack and invariant and fitted:     # statistics of the same invariant graphs: the blend stays invariant
-        partners = fit_all(con, sel, [n for n in fitted if entry(n).stack], cfg.seed, prepare=invariant)
+        partners = fit_all(con, sel, [n for n in fitted if entry(n).stack], cfg.seed, prepare=invariant, read=read)
     stack = stack_with_statistics(task, sel, cfg.model, pred, partners) if cfg.stack else None
     answer = cfg.model
     if stack is not None:

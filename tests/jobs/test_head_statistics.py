@@ -1,6 +1,8 @@
 """--head-statistics: StatNN's features beside the graph embedding in the metanetwork's head. The
 map is fitted on the training models only, invariant where the run's graphs are, saved in the
 manifest, and `jobs predict` reads the same inputs the run trained on."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -103,3 +105,23 @@ def test_a_run_with_head_statistics_trains_saves_and_predicts_the_same(catalog_c
     assert RunManifest.from_json(manifest.to_json()).head.knots == manifest.head.knots
     assert "ngnn@x4" in report.metrics          # rescaled copies get their own statistics
     assert predict_again_gap(catalog_copy, report.run_id, "zoo = 'cnn'") < 1e-5
+
+
+def test_the_head_and_the_blend_read_each_models_statistics_once(catalog_copy, monkeypatch):
+    """The head and the blend's StatNN read the same features of the same balanced graphs: one read
+    serves both (balancing every graph a second time would cost a pass over the zoo)."""
+    from jobs.predictors.tabular import StatNN
+
+    reads, read = [], StatNN.features
+
+    def counted(self, con, model_ids):
+        reads.append(json.dumps(self.settings, sort_keys=True))
+        return read(self, con, model_ids)
+
+    monkeypatch.setattr(StatNN, "features", counted)
+    report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", ensemble=1, epochs=1, batch_size=8,
+                                                       hidden=16, edge_hidden=8, layers=1, patience=1),
+                             progress=False)
+    assert "ngnn+statnn+statnn_mlp" in report.metrics        # the head, the baselines and the blend all ran
+    # the plain statistics for the baselines, the balanced ones for the head and the blend: two reads
+    assert len(reads) == len(set(reads)) == 2 and sum('"balanced": true' in r for r in reads) == 1

@@ -21,13 +21,16 @@ def test_a_fine_tuned_run_starts_from_the_source_and_keeps_its_shape(catalog_cop
     # the source in another catalog: copied away, as a pretraining catalog would be
     other = tmp_path / "pretraining"
     shutil.copytree(catalog_copy, other)
-    (src_model,), _ = load_metanetwork(Catalog(other), source.run_id)
+    (src_model,), src_manifest = load_metanetwork(Catalog(other), source.run_id)
     # lr 0: fine-tuning moves nothing, so the members are the source's tensors, whatever the options say
     cfg = TrainConfig(where="zoo = 'cnn'", init_from=source.run_id, init_catalog=str(other),
                       **{**SMALL, "hidden": 32, "ensemble": 2, "lr": 0.0, "seed": 5})
     tuned = train_heterognn(catalog_copy, cfg, progress=False)
     members, manifest = load_metanetwork(Catalog(catalog_copy), tuned.run_id)
     assert len(members) == 2 and manifest.train["hidden"] == 16 and manifest.train["init_from"] == source.run_id
+    # the head reads statistics by default; the fine-tuned run reads them with the source's map, not a new one
+    assert src_manifest.head is not None and src_manifest.head.width == src_model.cfg.statistics_dim > 0
+    assert manifest.head.to_dict() == src_manifest.head.to_dict()
     for member in members:
         state = member.state_dict()
         assert state.keys() == src_model.state_dict().keys()
@@ -51,6 +54,9 @@ def test_models_the_source_cannot_read_are_refused_in_one_line(catalog_copy):
                         progress=False)
     with pytest.raises(InvalidName, match="run id"):            # a name, never followed as a path
         train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", init_from="../x", **SMALL), progress=False)
+    with pytest.raises(JobError, match="--model statnn is not one"):   # a tabular answer has nothing to start from
+        train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", init_from=mlp.run_id, model="statnn"),
+                        progress=False)
     with pytest.raises(JobError, match="no catalog"):
         train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", init_from=mlp.run_id,
                                                   init_catalog="/nonexistent/cat", **SMALL), progress=False)
