@@ -60,6 +60,24 @@ def zoo_catalog(kind: str, n: int, seed: int = 0) -> Path:
     return cat
 
 
+def mixed_catalog(kinds: list[str], n: int, seed: int = 0) -> Path:
+    """A catalog holding one zoo of each of ``kinds`` with ``n`` models each (e.g. a pretraining
+    source that covers the edge types of CNNs and of MLPs): each zoo made once, as ``zoo_catalog``
+    makes it, and ingested under its kind's name."""
+    from pipeline.ingest import ingest_zoo
+
+    if len(kinds) == 1:
+        return zoo_catalog(kinds[0], n, seed)
+    cat = CACHE / f"catalog-{'+'.join(kinds)}-{n}-{seed}"
+    if not (cat / ".complete").exists():
+        shutil.rmtree(cat, ignore_errors=True)
+        for kind in kinds:
+            zoo_catalog(kind, n, seed)           # the zoo itself, made once and shared
+            ingest_zoo(CACHE / f"{kind}-{n}-{seed}", cat, zoo_name=kind, workers=2, progress=False)
+        (cat / ".complete").write_text("ok")
+    return cat
+
+
 BLIND = ("wild_cnn", "tabular_mlp", "fixed_cnn")
 
 

@@ -1,6 +1,7 @@
 """Pretraining on a large generated zoo, fine-tuning on the user's (issue #31's lever, ``--init-from``).
 
-1. Make (or reuse) a development zoo of ``--source-n`` models with a seed of its own
+1. Make (or reuse) a development zoo of ``--source-n`` models (one per kind of ``--source-kind``,
+   in one catalog) with a seed of its own
    (``--source-seed``; the evaluated zoos use seed 0), and train one NG-GNN on it with the recipe
    (one member, no baselines): the pretrained metanetwork.
 2. Run ``bench_accuracy.py`` on the evaluated zoos with ``--versus init_from=<that run>``: at each
@@ -20,15 +21,18 @@ import argparse
 import sys
 import time
 
-from _zoos import zoo_catalog
+from _zoos import mixed_catalog
 
 import bench_accuracy
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--source-kind", default="cnn", help="the pretraining zoo's kind (default cnn: the diverse CNNs)")
-    ap.add_argument("--source-n", type=int, default=3000, help="models in the pretraining zoo (default 3000)")
+    ap.add_argument("--source-kind", default="cnn",
+                    help="the pretraining zoo's kind (default cnn: the diverse CNNs); several, comma-separated "
+                    "(cnn,mlp), make one catalog holding a zoo of each, whose edge types the source then knows")
+    ap.add_argument("--source-n", type=int, default=3000, help="models in the pretraining zoo, per kind "
+                    "(default 3000)")
     ap.add_argument("--source-seed", type=int, default=1, help="its generator seed (default 1; evaluated zoos: 0)")
     ap.add_argument("--source-run", default=None, help="a pretrained run of the pretraining catalog to reuse")
     ap.add_argument("--zoos", default="cnn,cnn-fixed", help="the evaluated development zoos (default cnn,cnn-fixed)")
@@ -41,7 +45,7 @@ def main(argv=None) -> None:
     if args.source_seed == 0:
         ap.error("--source-seed 0 is the evaluated zoos' seed: pretraining on them would see their test models")
     started = time.perf_counter()
-    source = zoo_catalog(args.source_kind, args.source_n, args.source_seed)
+    source = mixed_catalog(args.source_kind.split(","), args.source_n, args.source_seed)
     run = args.source_run
     if run is None:
         from jobs.config import TrainConfig
