@@ -14,7 +14,7 @@ from jobs.training.artifacts import load_metanetwork
 from jobs.training.predict import predict
 from jobs.training.train import train_heterognn
 from pipeline.ingest import ingest_zoo
-from pipeline.neural_graph.convert import convert_checkpoint
+from pipeline.graph_codec import read_graphs
 from pipeline.neural_graph.symmetry import random_hidden_permutation
 from pipeline.zoo.make import make_zoo
 from tests.conftest import ingest_with_split_column
@@ -152,21 +152,27 @@ def test_bad_requests_are_clear(catalog_dir):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_predictions_are_invariant_and_node_embeddings_equivariant(trained, cnn_zoo, seed):
+def test_predictions_are_invariant_and_node_embeddings_equivariant(trained, seed):
     root, report = trained
     models, meta = load_metanetwork(Catalog(root), report.run_id)
     model = models[0]
     stats = meta.stats
     frame, etypes = meta.frame, model.cfg.etypes
-    ckpt = sorted(cnn_zoo.glob("*.safetensors"))[seed * 5]
-    graph = convert_checkpoint(ckpt).graph
+    con = duck.connect(root)
+    mid = sorted(r[0] for r in con.execute("SELECT model_id FROM models WHERE zoo = 'cnn'").fetchall())[seed * 5]
+    (graph,) = read_graphs(con, [mid])
     perm = random_hidden_permutation(graph, np.random.default_rng(seed))
     assert (perm != np.arange(len(perm))).any()
     g0 = normalised_graph(graph, stats, frame, etypes)
     g1 = normalised_graph(graph.permuted(perm), stats, frame, etypes)
+    # the head's statistics (the default) are read from each graph: permuting neurons leaves them alone
+    s0, s1 = (torch.as_tensor(meta.head.of_graphs(con, [mid], [g])) for g in (graph, graph.permuted(perm)))
+    con.close()
+    assert s0.shape == (1, model.cfg.statistics_dim) and model.cfg.statistics_dim > 0
+    assert float((s1 - s0).abs().max()) < 1e-5
     with torch.no_grad():
-        out0, z0 = model(g0)
-        out1, z1 = model(g1)
+        out0, z0 = model(g0, s0)
+        out1, z1 = model(g1, s1)
         h0, h1 = model.node_embeddings(g0)["hidden"], model.node_embeddings(g1)["hidden"]
     rel = lambda a, b: float((a - b).abs().max() / (b.abs().max() + 1e-12))  # noqa: E731
     # the prediction users read (the decoded accuracy) and the graph embedding change by < 1e-5 relative;
