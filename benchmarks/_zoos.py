@@ -42,18 +42,26 @@ def grown_zoo(src: Path, factor: int, seed: int = 0) -> Path:
     return out
 
 
+def zoo_folder(kind: str, n: int, seed: int = 0) -> tuple[Path, bool]:
+    """The folder of a zoo of ``kind`` with ``n`` models (made once, resumed if cut short), and
+    whether this call made any of it."""
+    zoo = CACHE / f"{kind}-{n}-{seed}"
+    if (zoo / "metrics.csv").exists() and len(list(zoo.glob("*.safetensors"))) >= n:
+        return zoo, False
+    t = time.perf_counter()
+    print(f"making {kind} zoo of {n} models in {zoo} ...", flush=True)
+    make_zoo(kind, zoo, n=n, seed=seed, workers=2, progress=True)
+    print(f"  made in {time.perf_counter() - t:.0f}s", flush=True)
+    return zoo, True
+
+
 def zoo_catalog(kind: str, n: int, seed: int = 0) -> Path:
     """A catalog holding one zoo of ``kind`` with ``n`` models (made and ingested once, then reused)."""
     from pipeline.ingest import ingest_zoo
-    from pipeline.zoo.make import make_zoo
 
-    zoo = CACHE / f"{kind}-{n}-{seed}"
+    zoo, made = zoo_folder(kind, n, seed)
     cat = CACHE / f"catalog-{kind}-{n}-{seed}"
-    if not (zoo / "metrics.csv").exists() or len(list(zoo.glob("*.safetensors"))) < n:
-        t = time.perf_counter()
-        print(f"making {kind} zoo of {n} models in {zoo} ...", flush=True)
-        make_zoo(kind, zoo, n=n, seed=seed, workers=2, progress=True)
-        print(f"  made in {time.perf_counter() - t:.0f}s", flush=True)
+    if made:
         shutil.rmtree(cat, ignore_errors=True)
     if not (cat / "parts").exists():
         ingest_zoo(zoo, cat, zoo_name=kind, workers=2, progress=False)
@@ -72,8 +80,7 @@ def mixed_catalog(kinds: list[str], n: int, seed: int = 0) -> Path:
     if not (cat / ".complete").exists():
         shutil.rmtree(cat, ignore_errors=True)
         for kind in kinds:
-            zoo_catalog(kind, n, seed)           # the zoo itself, made once and shared
-            ingest_zoo(CACHE / f"{kind}-{n}-{seed}", cat, zoo_name=kind, workers=2, progress=False)
+            ingest_zoo(zoo_folder(kind, n, seed)[0], cat, zoo_name=kind, workers=2, progress=False)
         (cat / ".complete").write_text("ok")
     return cat
 
