@@ -92,6 +92,35 @@ def gather_rows(ctx: DistContext, full: np.ndarray, local: np.ndarray, *arrays: 
     return tuple(a[take] for a in stacked)
 
 
+class _GatheredRows(torch.autograd.Function):
+    """Every rank's rows of an equal-sized tensor, concatenated in rank order, with a gradient:
+    each rank's rows receive the sum over ranks of the gradients for them."""
+
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        ctx.rank, ctx.n = dist.get_rank(), len(x)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)
+        return grad[ctx.rank * ctx.n:(ctx.rank + 1) * ctx.n]
+
+
+def global_batch(x: torch.Tensor) -> torch.Tensor:
+    """Under torchrun, the rows of the whole global batch (every rank's share of it is equal in
+    size: ``shard`` pads them), so that a loss over pairs of a batch sees the pairs that span
+    ranks; the identity on one process. Every rank then computes the same loss, and the gradient
+    each rank's rows get back is ``world`` times theirs, which DDP's averaging of parameter
+    gradients divides out: the single-process gradient."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return x
+    return _GatheredRows.apply(x)
+
+
 def broadcast(ctx: DistContext, value):
     """Rank 0's ``value`` on every rank."""
     if not ctx.active:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from jobs.training.distributed import global_batch
+
 
 class RankedMSE(torch.nn.Module):
     """Squared error plus ``weight`` times RankNet's pairwise logistic loss over the batch: for every
@@ -16,7 +18,7 @@ class RankedMSE(torch.nn.Module):
 
     def forward(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         mse = torch.nn.functional.mse_loss(out, target)
-        p, t = out[:, 0], target[:, 0]
+        p, t = global_batch(out[:, 0]), global_batch(target[:, 0])     # under DDP: pairs across ranks too
         above = (t.unsqueeze(1) - t.unsqueeze(0)) > 0          # [i, j]: model i's target above model j's
         if not bool(above.any()):
             return mse
