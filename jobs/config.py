@@ -121,6 +121,11 @@ class OptimConfig:
     stack: bool = option(True, "Regression with a metanetwork: the run's answer is w * metanetwork + (1 - w) * the "
                          "mean of StatNN's two learners, w in 0, 0.1, ..., 1 chosen on validation (the row "
                          "'ngnn+statnn+statnn_mlp'); needs the baselines.")
+    plain_statistics: bool = option(True, "With balanced (or canonical) inputs, the blend's statistics read the "
+                                    "checkpoints' own weights for inputs whose weight scales lie within the training "
+                                    "models' (what the weights' scales say about training is kept), and the balanced "
+                                    "graphs for any other input (a rescaled copy gets an answer as invariant as the "
+                                    "metanetwork's). --no-plain-statistics: balanced graphs for every input.")
 
 
 @dataclass(kw_only=True)

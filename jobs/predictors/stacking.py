@@ -15,6 +15,16 @@ development fold) that never happens, and where one learner fails outright (Stat
 zoos written by other code) the mean would carry its failure into the answer. All inputs are on
 the target's scale (the metanetwork calibrated, StatNN clipped to the training range), so the
 blend is too. Regression only: a class is not a number.
+
+Plain where trusted (``TrainConfig.plain_statistics``, the default). A run whose metanetwork reads
+balanced graphs (predictions unchanged when a network is rewritten with other neuron scales) has two
+blends: one with statistics of the checkpoints' own weights, and a *fallback* with statistics of the
+balanced graphs. An input whose own weight scales lie within the training models' (the *gate*: a
+jobs.training.trust.TrustProfile of the plain graphs) gets the first; any other input, e.g. a copy
+rescaled by a conversion tool, gets the fallback, which is as invariant as the metanetwork. Why: the
+weights' own scales carry training-process signal that balancing removes (on the wild CNN zoo of
+seed 2, 0.017 of tau at 100 training models and 0.015 at 500), and a rescaled copy is exactly what
+the gate flags (docs/metanetworks.md).
 """
 from __future__ import annotations
 
@@ -24,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jobs.training.tasks import Task
+from jobs.training.trust import TrustProfile
 
 WEIGHTS = np.round(np.linspace(0.0, 1.0, 11), 2)
 COLLAPSED = 0.1          # validation score (Kendall tau for regression) this far below the best partner's: dropped
@@ -61,6 +72,8 @@ class Stack:
     predictors: list = field(default_factory=list)     # the fitted partners (jobs.predictors.tabular), in that order
     predictions: np.ndarray | None = None
     candidates: list[str] = field(default_factory=list)   # the partners considered (the name); default: partners
+    fallback: "Stack | None" = None        # the blend with statistics of the run's balanced graphs, for inputs outside `gate`
+    gate: TrustProfile | None = None       # the training models' own weight scales (read without preparation)
 
     @property
     def name(self) -> str:
@@ -73,21 +86,44 @@ class Stack:
         dropped = [c for c in self.candidates if c not in self.partners]
         prepared = sorted({k for p in self.predictors for k, v in (getattr(p, "settings", {}).get("prepare") or {}).items()
                            if v})
-        return (f"{self.weight:g} x {self.metanetwork} + {1 - self.weight:g} x mean({', '.join(self.partners)}"
+        text = (f"{self.weight:g} x {self.metanetwork} + {1 - self.weight:g} x mean({', '.join(self.partners)}"
                 + (f" of {', '.join(prepared)} graphs" if prepared else "") + "), w chosen on val"
                 + (f"; {', '.join(dropped)} left out (collapsed on val)" if dropped else ""))
+        if self.fallback is None:
+            return text
+        return f"{text}; outside the training models' weight scales: {self.fallback.note}"
 
-    def apply(self, metanet: np.ndarray, partners: list[np.ndarray]) -> np.ndarray:
-        """The blend where every partner has an answer, the metanetwork alone elsewhere."""
+    def apply(self, metanet: np.ndarray, partners: list[np.ndarray], trusted: np.ndarray | None = None,
+              fallback: list[np.ndarray] | None = None) -> np.ndarray:
+        """The blend where every partner has an answer, the metanetwork alone elsewhere; with a
+        fallback, its blend (of ``fallback``, its partners' predictions) where ``trusted`` is False."""
         statistics = np.mean(partners, axis=0)
-        return np.where(np.isfinite(statistics), blend(metanet, statistics, self.weight), metanet)
+        out = np.where(np.isfinite(statistics), blend(metanet, statistics, self.weight), metanet)
+        if self.fallback is None:
+            return out
+        return np.where(trusted, out, self.fallback.apply(metanet, fallback))
 
     def predict(self, con, model_ids, metanet: np.ndarray) -> dict[str, np.ndarray]:
         """The blend and each partner's predictions for ``model_ids``, given the metanetwork's."""
         from jobs.predictors.tabular import predict_all
 
         parts = dict(zip(self.partners, predict_all(con, self.predictors, model_ids)))
-        return {self.name: self.apply(metanet, list(parts.values())), **parts}
+        trusted = fallback = None
+        if self.fallback is not None:
+            trusted = self.gate.judge_catalog(con, model_ids)
+            fallback = predict_all(con, self.fallback.predictors, model_ids)
+        return {self.name: self.apply(metanet, list(parts.values()), trusted, fallback), **parts}
+
+    def predict_graphs(self, con, model_ids, graphs, metanet: np.ndarray) -> np.ndarray:
+        """The blend for in-memory graphs of ``model_ids`` (e.g. rescaled copies), given the
+        metanetwork's predictions for them."""
+        def parts(predictors):
+            return [p.predict_features(p.features_of_graphs(con, model_ids, graphs)) for p in predictors]
+
+        if self.fallback is None:
+            return self.apply(metanet, parts(self.predictors))
+        return self.apply(metanet, parts(self.predictors), self.gate.judge_graphs(con, model_ids, graphs),
+                          parts(self.fallback.predictors))
 
     def files(self) -> dict[str, bytes]:
         """``stack.json`` and each partner's files (jobs.training.run_weights.predictor_files)."""
@@ -95,16 +131,27 @@ class Stack:
 
         doc = {"format": STACK_FORMAT, "metanetwork": self.metanetwork, "partners": self.partners,
                "weight": self.weight, "candidates": self.candidates or self.partners}
-        files = {"stack.json": json.dumps(doc).encode()}
+        files = {}
         for name, p in zip(self.partners, self.predictors):
             files.update(predictor_files(f"stack-{name}", p))
-        return files
+        if self.fallback is not None:
+            doc["fallback"] = {"partners": self.fallback.partners, "weight": self.fallback.weight,
+                               "candidates": self.fallback.candidates or self.fallback.partners}
+            doc["gate"] = self.gate.to_dict()
+            for name, p in zip(self.fallback.partners, self.fallback.predictors):
+                files.update(predictor_files(f"stack-fallback-{name}", p))
+        return {"stack.json": json.dumps(doc).encode(), **files}
 
 
-def stack_with_statistics(task: Task, sel, name: str, metanet: np.ndarray, fitted: dict) -> Stack | None:
+def stack_with_statistics(task: Task, sel, name: str, metanet: np.ndarray, fitted: dict,
+                          fallback: dict | None = None, gate: TrustProfile | None = None,
+                          trusted: np.ndarray | None = None) -> Stack | None:
     """The metanetwork ``name``'s predictions ``metanet`` blended with the mean of the fitted
     statistics predictors (``fitted``: jobs.predictors.tabular.fit_all); None for a class target, without a
-    validation split, or when no statistics predictor reads every selected model."""
+    validation split, or when no statistics predictor reads every selected model. With ``fallback``
+    (statistics of the run's balanced graphs, fitted likewise), ``gate`` and ``trusted`` (the gate's
+    judgement of each selected model): a second blend of those, chosen on validation apart, for the
+    models outside the gate."""
     from jobs.predictors import entry
 
     val = sel.mask("val")
@@ -116,7 +163,14 @@ def stack_with_statistics(task: Task, sel, name: str, metanet: np.ndarray, fitte
     parts = [fitted[n][1].predictions for n in partners]
     weight = choose_weight(task, sel.targets[val], metanet[val], np.mean(parts, axis=0)[val])
     stack = Stack(name, partners, weight, [fitted[n][0] for n in partners], candidates=candidates)
-    stack.predictions = stack.apply(metanet, parts)
+    if fallback is None:
+        stack.predictions = stack.apply(metanet, parts)
+        return stack
+    stack.fallback = stack_with_statistics(task, sel, name, metanet, fallback)
+    if stack.fallback is None:
+        raise ValueError("the fallback statistics do not read every selected model")
+    stack.gate = gate
+    stack.predictions = stack.apply(metanet, parts, trusted, [fallback[n][1].predictions for n in stack.fallback.partners])
     return stack
 
 
@@ -134,11 +188,17 @@ def read_stack(catalog, run_id: str) -> Stack | None:
             raise ValueError(f"not a {STACK_FORMAT} file")
         stack = Stack(str(doc["metanetwork"]), [str(p) for p in doc["partners"]], float(doc["weight"]),
                       candidates=[str(p) for p in doc.get("candidates", doc["partners"])])
+        if doc.get("fallback") is not None:       # runs saved before plain statistics where trusted: none
+            fb = doc["fallback"]
+            stack.fallback = Stack(stack.metanetwork, [str(p) for p in fb["partners"]], float(fb["weight"]),
+                                   candidates=[str(p) for p in fb["candidates"]])
+            stack.gate = TrustProfile.from_dict(doc["gate"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise JobError(f"cannot read the blend of run {run_id}: {exc}") from None
-    for partner in stack.partners:
-        predictor = read_predictor(catalog, run_id, f"stack-{partner}")
-        if predictor is None:
-            raise JobError(f"run {run_id}: the blend's {partner} is missing")
-        stack.predictors.append(predictor)
+    for part, prefix in ((stack, "stack"), (stack.fallback, "stack-fallback")):
+        for partner in part.partners if part is not None else ():
+            predictor = read_predictor(catalog, run_id, f"{prefix}-{partner}")
+            if predictor is None:
+                raise JobError(f"run {run_id}: the blend's {partner} is missing")
+            part.predictors.append(predictor)
     return stack

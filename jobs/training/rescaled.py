@@ -44,8 +44,7 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     pred = task.decode(out, scale)
     metrics = {cfg.model + tag: task.metrics(y, pred)}
     if stack is not None and all(hasattr(p, "features_of_graphs") for p in stack.predictors):
-        parts = [p.predict_features(p.features_of_graphs(con, ids, graphs)) for p in stack.predictors]
-        metrics[stack.name + tag] = task.metrics(y, stack.apply(pred, parts))
+        metrics[stack.name + tag] = task.metrics(y, stack.predict_graphs(con, ids, graphs, pred))
     if trust is not None:       # how many copies `jobs predict` would flag (the clean test models: beside)
         flagged = int((~trust.judge_graphs(con, ids, graphs)).sum())
         clean = int((~trust.judge_catalog(con, ids)).sum())

@@ -216,10 +216,15 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
                          history=history)
     fitted = fit_all(con, sel, predictor_names("tabular"), cfg.seed, read=read) if cfg.baselines else {}
     _score_tabular(task, sel, fitted, results, metrics)
-    partners, invariant = fitted, symmetry_preparation(cfg)
+    partners, invariant, gated = fitted, symmetry_preparation(cfg), {}
     if cfg.stack and invariant and fitted:     # statistics of the same invariant graphs: the blend stays invariant
-        partners = fit_all(con, sel, [n for n in fitted if entry(n).stack], cfg.seed, prepare=invariant, read=read)
-    stack = stack_with_statistics(task, sel, cfg.model, pred, partners) if cfg.stack else None
+        balanced = fit_all(con, sel, [n for n in fitted if entry(n).stack], cfg.seed, prepare=invariant, read=read)
+        if cfg.plain_statistics:       # ... for inputs outside the training models' own weight scales
+            gate = TrustProfile.of_catalog(con, sel.ids("train"))
+            gated = {"fallback": balanced, "gate": gate, "trusted": gate.judge_catalog(con, sel.model_ids)}
+        else:
+            partners = balanced
+    stack = stack_with_statistics(task, sel, cfg.model, pred, partners, **gated) if cfg.stack else None
     answer = cfg.model
     if stack is not None:
         answer = stack.name

@@ -72,41 +72,63 @@ def test_predict_applies_the_saved_metanetwork_to_new_models(trained, tmp_path):
                        "USING (run_id, method) WHERE split = 'predict' AND run_id LIKE ?",
                        [report.run_id + "-predict-%"]).fetchone()
     assert rows == (4, 4)
-    # the run's answer is the blend it saved, rebuilt from the metanetwork and the refitted baseline
+    # the run's answer is the blend it saved, rebuilt from the metanetwork and the refitted baseline:
+    # statistics of the checkpoints' own weights for a model within the training models' weight
+    # scales, of the balanced graphs for any other
+    from jobs.predictors.stacking import read_stack
+
     saved = json.loads(Catalog(root).read_artifact(report.run_id, "stack.json"))
-    weight, partners = saved["weight"], saved["partners"]
+    weight, partners, fallback = saved["weight"], saved["partners"], saved["fallback"]
     run_id, method = con.execute("SELECT run_id, method FROM runs WHERE run_id LIKE ?",
                                  [report.run_id + "-predict-%"]).fetchone()
     assert method == "ngnn+statnn+statnn_mlp"
     by = {m: dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = ?",
                               [run_id, m]).fetchall()) for m in (method, "ngnn", *partners)}
     assert len(by[method]) == 4
+    stack = read_stack(Catalog(root), report.run_id)
+    ids = sorted(by[method])
+    trusted = dict(zip(ids, stack.gate.judge_catalog(con, ids)))
+    balanced = [dict(zip(ids, p.predict(con, ids)[0])) for p in stack.fallback.predictors]
     for mid, p in by[method].items():
-        stats = np.mean([by[name][mid] for name in partners])
-        assert p == pytest.approx(weight * by["ngnn"][mid] + (1 - weight) * stats)
+        if trusted[mid]:
+            expected = weight * by["ngnn"][mid] + (1 - weight) * np.mean([by[name][mid] for name in partners])
+        else:
+            expected = (fallback["weight"] * by["ngnn"][mid]
+                        + (1 - fallback["weight"]) * np.mean([b[mid] for b in balanced]))
+        assert p == pytest.approx(expected)
 
 
 def test_a_saved_baseline_refits_to_the_same_predictions(trained):
     """The blend's partners are saved as their training rows and hyperparameters, not pickled:
     refitted from them, with the run's saved NG-GNN predictions, they give the blend the run wrote.
-    They read the run's balanced graphs, as the metanetwork did (the plain ``statnn`` rows of the
-    run are the baselines, fitted on the checkpoints' own weights)."""
+    The blend's partners read the checkpoints' own weights (they are the run's ``statnn`` rows);
+    its fallback's, for inputs outside the training models' weight scales, the run's balanced
+    graphs, as the metanetwork did."""
     from jobs.predictors.stacking import read_stack
 
     root, report = trained
     stack = read_stack(Catalog(root), report.run_id)
     assert stack.candidates == ["statnn", "statnn_mlp"] and stack.partners and set(stack.partners) <= {"statnn", "statnn_mlp"}
-    assert all(p.settings.get("prepare") == {"balanced": True} for p in stack.predictors)
+    assert all(not p.settings.get("prepare") for p in stack.predictors)
+    assert all(p.settings.get("prepare") == {"balanced": True} for p in stack.fallback.predictors)
+    assert stack.gate.prepare is None
     con = duck.connect(root)
     saved = {m: dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = ?",
-                                 [report.run_id, m]).fetchall()) for m in (stack.name, "ngnn")}
+                                 [report.run_id, m]).fetchall()) for m in (stack.name, "ngnn", *stack.partners)}
     ids = sorted(saved[stack.name])
-    parts = []
+    parts, balanced = [], []
     for name, predictor in zip(stack.partners, stack.predictors):
         again, ok = predictor.predict(con, ids)
         assert ok.all(), name
+        np.testing.assert_allclose(again, [saved[name][i] for i in ids], rtol=1e-6)    # the plain baseline's rows
         parts.append(again)
-    blend = stack.apply(np.array([saved["ngnn"][i] for i in ids]), parts)
+    for predictor in stack.fallback.predictors:
+        again, ok = predictor.predict(con, ids)
+        assert ok.all()
+        balanced.append(again)
+    trusted = stack.gate.judge_catalog(con, ids)
+    assert trusted.mean() > 0.9          # the run's own models lie within their weight scales
+    blend = stack.apply(np.array([saved["ngnn"][i] for i in ids]), parts, trusted, balanced)
     np.testing.assert_allclose(blend, [saved[stack.name][i] for i in ids], rtol=1e-5)
 
 
