@@ -31,9 +31,10 @@ STATISTICS = ("statnn", "statnn_mlp")
 
 
 def saved_runs(con) -> list[tuple[str, dict, str]]:
-    """(run_id, configuration, answer method) of the runs whose answer blends balanced statistics."""
+    """(run_id, configuration, answer method) of the runs whose answer blends balanced statistics,
+    oldest first."""
     runs = []
-    for run_id, config, method in con.execute("SELECT run_id, config_json, method FROM runs ORDER BY run_id").fetchall():
+    for run_id, config, method in con.execute("SELECT run_id, config_json, method FROM runs ORDER BY created_at, run_id").fetchall():
         cfg = json.loads(config or "{}")
         if (cfg.get("model") in ("ngnn", "ngt") and cfg.get("balanced") and cfg.get("stack", True)
                 and not cfg.get("plain_statistics", False) and not cfg.get("init_from") and "+" in (method or "")):
@@ -101,16 +102,22 @@ def main(argv=None) -> int:
             print(f"{cat}: not a catalog", file=sys.stderr)
             return 2
         con = duck.connect(cat)
-        groups: dict[tuple, list[dict]] = defaultdict(list)
-        for run_id, cfg, method in saved_runs(con):
+        groups: dict[tuple, dict[int, dict]] = defaultdict(dict)
+        for run_id, cfg, method in saved_runs(con):      # the first run of each fold (a benchmark may repeat one)
+            key = (cfg["model"], cfg.get("train_size") or 0, bool(cfg.get("head_statistics")))
+            if cfg.get("fold") in groups[key]:
+                continue
             scores = rescore(con, run_id, cfg, method)
             if scores is not None:
-                groups[(cfg["model"], cfg.get("train_size") or 0, bool(cfg.get("head_statistics")))].append(scores)
+                groups[key][cfg.get("fold")] = scores
         con.close()
         print(f"{cat.name}: mean test tau over folds, minus the strongest statistics at that size")
         print(f"  {'model':5s} {'train':>5s} {'head':>4s} {'folds':>5s} {'NG-GNN':>8s} {'balanced':>9s} {'gated':>8s}"
               f" {'strongest':>10s} {'untrusted':>9s}")
-        for (model, size, head), runs in sorted(groups.items()):
+        for (model, size, head), folds in sorted(groups.items()):
+            runs = list(folds.values())
+            if not runs:
+                continue
             mean = {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
             method = next(k for k in runs[0] if "+" in k)
             best = max(("statnn", "statnn_mlp", "statnn_avg"), key=mean.get)

@@ -132,6 +132,27 @@ def test_a_saved_baseline_refits_to_the_same_predictions(trained):
     np.testing.assert_allclose(blend, [saved[stack.name][i] for i in ids], rtol=1e-5)
 
 
+def test_bench_blend_statistics_gives_a_default_run_back_its_own_answer(trained):
+    """benchmarks/bench_blend_statistics.py re-blends a saved run's plain statistics rows through the
+    gate, as today's default does: on a default run's own rows it reproduces that run's answer."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_blend_statistics
+
+    root, report = trained
+    con = duck.connect(root)
+    assert bench_blend_statistics.saved_runs(con) == []      # its answer is already the gated one
+    config, method = con.execute("SELECT config_json, method FROM runs WHERE run_id = ?", [report.run_id]).fetchone()
+    scores = bench_blend_statistics.rescore(con, report.run_id, json.loads(config), method)
+    con.close()
+    assert scores["gated"] == pytest.approx(report.metrics[method]["kendall_tau"], abs=1e-9)
+    assert scores[method] == pytest.approx(report.metrics[method]["kendall_tau"], abs=1e-9)
+    assert scores["statnn"] == pytest.approx(report.metrics["statnn"]["kendall_tau"], abs=1e-9)
+    assert 0 <= scores["untrusted"] < 0.5
+
+
 def test_classification_of_the_training_dataset(catalog_copy):
     from graphstore.metadata import open_store
     from graphstore.sync import sync_store
