@@ -1,21 +1,21 @@
-"""The blend's statistics, plain where trusted against balanced everywhere, re-scored from saved runs.
+"""The blend's statistics, plain where trusted against balanced everywhere, paired on saved runs.
 
-A run saved before plain statistics where trusted (or with ``--no-plain-statistics``) holds, per
-model of its selection, NG-GNN's prediction, its answer (NG-GNN blended with StatNN read from the
-balanced graphs, jobs.predictors.stacking) and the baselines StatNN and StatNN-MLP read from the
-checkpoints' own weights. Without training anything, this gives each such run the answer today's
-default gives: NG-GNN blended with those plain rows (partners and weight chosen on the run's
-validation models by ``stack_with_statistics``, the code runs use), for every model whose own
-weight scales lie within the run's training models' (``TrustProfile`` of the plain graphs), and
-the saved balanced answer for the others. It prints, per catalog, training size and head setting,
-the mean test tau over the runs' folds of NG-GNN, both answers and the statistics, each minus the
-strongest statistics (StatNN, StatNN-MLP or their mean) at that size, and how many test models the
-gate sent to the balanced answer.
+Without training anything, each metanetwork run on balanced graphs that a catalog holds gets both
+answers:
+- *balanced*: NG-GNN blended with StatNN read from the balanced graphs for every model. A run saved
+  before plain statistics where trusted (or with ``--no-plain-statistics``) saved it as its answer;
+  for a default run it is the saved blend's fallback (its partners refitted) applied to every model.
+- *gated*, today's default: NG-GNN blended with the run's plain StatNN rows (the checkpoints' own
+  weights; partners and weight chosen on the run's validation models by ``stack_with_statistics``,
+  the code runs use) for every model whose weight scales lie within the run's training models'
+  (``TrustProfile`` of the plain graphs), the balanced answer for the others. For a default run
+  this rebuilds its own answer.
+It prints, per catalog, training size and head setting, the mean test tau over the runs' folds of
+NG-GNN and both answers, each minus the strongest statistics (StatNN, StatNN-MLP or their mean) at
+that size, the share of test models the gate sent to the balanced answer, and gated minus balanced
+with a paired bootstrap 95% interval.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_blend_statistics.py /tmp/zoograph-bench/catalog-cnn-1500-0
-
-Runs made with plain statistics where trusted (the default since it existed) are left out: their
-answer is already the gated one.
 """
 from __future__ import annotations
 
@@ -31,19 +31,23 @@ STATISTICS = ("statnn", "statnn_mlp")
 
 
 def saved_runs(con) -> list[tuple[str, dict, str]]:
-    """(run_id, configuration, answer method) of the runs whose answer blends balanced statistics,
-    oldest first."""
+    """(run_id, configuration, answer method) of the metanetwork runs on balanced graphs with a
+    blend, oldest first."""
     runs = []
     for run_id, config, method in con.execute("SELECT run_id, config_json, method FROM runs ORDER BY created_at, run_id").fetchall():
         cfg = json.loads(config or "{}")
         if (cfg.get("model") in ("ngnn", "ngt") and cfg.get("balanced") and cfg.get("stack", True)
-                and not cfg.get("plain_statistics", False) and not cfg.get("init_from") and "+" in (method or "")):
+                and not cfg.get("init_from") and "+" in (method or "")):
             runs.append((run_id, cfg, method))
     return runs
 
 
-def rescore(con, run_id: str, cfg: dict, method: str) -> dict[str, float] | None:
-    """Test tau of each method of one run, with ``gated``: the answer plain where trusted."""
+def rescore(con, run_id: str, cfg: dict, method: str, catalog=None) -> dict | None:
+    """Test tau of each method of one run, with ``balanced`` (the blend of balanced statistics for
+    every model) and ``gated`` (plain where trusted, rebuilt from the run's rows); ``test``: the
+    test targets and both answers, for a paired interval. A run made with plain statistics where
+    trusted (``catalog``: its Catalog, to refit the blend's balanced partners) saved the gated
+    answer: the balanced one is its fallback applied to every model."""
     from jobs.predictors.stacking import stack_with_statistics
     from jobs.predictors.tabular import Prediction
     from jobs.training.compare import kendall_tau
@@ -68,13 +72,22 @@ def rescore(con, run_id: str, cfg: dict, method: str) -> dict[str, float] | None
     plain = stack_with_statistics(task, sel, metanet, np.array([by[metanet][i] for i in ids], float), fitted)
     gate = TrustProfile.of_catalog(con, sel.ids("train"))
     trusted = gate.judge_catalog(con, ids)
-    gated = np.where(trusted, plain.predictions, [by[method][i] for i in ids])
+    balanced = np.array([by[method][i] for i in ids], float)
+    if cfg.get("plain_statistics"):
+        from jobs.predictors.stacking import read_stack
+        from jobs.predictors.tabular import predict_all
+
+        fallback = read_stack(catalog, run_id).fallback
+        balanced = fallback.apply(np.array([by[metanet][i] for i in ids], float),
+                                  predict_all(con, fallback.predictors, ids))
+    gated = np.where(trusted, plain.predictions, balanced)
     test = sel.mask("test")
     y = sel.targets[test]
     out = {m: kendall_tau(y, np.array([by[m][i] for i in ids], float)[test]) for m in (metanet, method, *STATISTICS)}
     out["statnn_avg"] = kendall_tau(y, np.mean([fitted[n][1].predictions for n in STATISTICS], axis=0)[test])
-    out["gated"] = kendall_tau(y, gated[test])
+    out["balanced"], out["gated"] = kendall_tau(y, balanced[test]), kendall_tau(y, gated[test])
     out["untrusted"] = float((~trusted[test]).mean())
+    out["test"] = (y, gated[test], balanced[test])
     return out
 
 
@@ -93,6 +106,8 @@ class _Selection:
 
 def main(argv=None) -> int:
     from graphstore import duck
+    from graphstore.catalog import Catalog
+    from jobs.training.compare import paired_bootstrap
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("catalogs", nargs="+", type=Path, help="catalogs holding benchmark runs")
@@ -107,23 +122,24 @@ def main(argv=None) -> int:
             key = (cfg["model"], cfg.get("train_size") or 0, bool(cfg.get("head_statistics")))
             if cfg.get("fold") in groups[key]:
                 continue
-            scores = rescore(con, run_id, cfg, method)
+            scores = rescore(con, run_id, cfg, method, Catalog(cat))
             if scores is not None:
                 groups[key][cfg.get("fold")] = scores
         con.close()
         print(f"{cat.name}: mean test tau over folds, minus the strongest statistics at that size")
         print(f"  {'model':5s} {'train':>5s} {'head':>4s} {'folds':>5s} {'NG-GNN':>8s} {'balanced':>9s} {'gated':>8s}"
-              f" {'strongest':>10s} {'untrusted':>9s}")
+              f" {'strongest':>16s} {'untrusted':>9s}   gated - balanced, paired 95% interval")
         for (model, size, head), folds in sorted(groups.items()):
             runs = list(folds.values())
             if not runs:
                 continue
-            mean = {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
-            method = next(k for k in runs[0] if "+" in k)
+            mean = {k: float(np.mean([r[k] for r in runs])) for k in runs[0] if k != "test"}
             best = max(("statnn", "statnn_mlp", "statnn_avg"), key=mean.get)
+            d = paired_bootstrap(*zip(*(r["test"] for r in runs)))
             print(f"  {model:5s} {size or 'all':>5} {'on' if head else 'off':>4s} {len(runs):5d} "
-                  f"{mean[model] - mean[best]:+8.3f} {mean[method] - mean[best]:+9.3f} {mean['gated'] - mean[best]:+8.3f}"
-                  f" {best + f' {mean[best]:.3f}':>10s} {100 * mean['untrusted']:8.1f}%", flush=True)
+                  f"{mean[model] - mean[best]:+8.3f} {mean['balanced'] - mean[best]:+9.3f} {mean['gated'] - mean[best]:+8.3f}"
+                  f" {best + f' {mean[best]:.3f}':>16s} {100 * mean['untrusted']:8.1f}%   "
+                  f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]", flush=True)
     return 0
 
 

@@ -134,7 +134,8 @@ def test_a_saved_baseline_refits_to_the_same_predictions(trained):
 
 def test_bench_blend_statistics_gives_a_default_run_back_its_own_answer(trained):
     """benchmarks/bench_blend_statistics.py re-blends a saved run's plain statistics rows through the
-    gate, as today's default does: on a default run's own rows it reproduces that run's answer."""
+    gate, as today's default does: on a default run's own rows it rebuilds that run's answer, and its
+    balanced answer is the saved fallback's, which the run gave the models the gate did not trust."""
     import sys
     from pathlib import Path
 
@@ -143,14 +144,22 @@ def test_bench_blend_statistics_gives_a_default_run_back_its_own_answer(trained)
 
     root, report = trained
     con = duck.connect(root)
-    assert bench_blend_statistics.saved_runs(con) == []      # its answer is already the gated one
-    config, method = con.execute("SELECT config_json, method FROM runs WHERE run_id = ?", [report.run_id]).fetchone()
-    scores = bench_blend_statistics.rescore(con, report.run_id, json.loads(config), method)
+    (run_id, config, method), = bench_blend_statistics.saved_runs(con)
+    assert run_id == report.run_id
+    scores = bench_blend_statistics.rescore(con, run_id, config, method, Catalog(root))
     con.close()
     assert scores["gated"] == pytest.approx(report.metrics[method]["kendall_tau"], abs=1e-9)
     assert scores[method] == pytest.approx(report.metrics[method]["kendall_tau"], abs=1e-9)
     assert scores["statnn"] == pytest.approx(report.metrics["statnn"]["kendall_tau"], abs=1e-9)
     assert 0 <= scores["untrusted"] < 0.5
+    y, gated, balanced = scores["test"]
+    con = duck.connect(root)
+    answer = np.array([p for _, p in con.execute(
+        "SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = ? AND split = 'test' "
+        "ORDER BY model_id", [run_id, method]).fetchall()])
+    con.close()
+    np.testing.assert_allclose(gated, answer, rtol=1e-6)
+    assert not np.allclose(gated, balanced)          # the plain statistics moved the trusted models' answers
 
 
 def test_classification_of_the_training_dataset(catalog_copy):
