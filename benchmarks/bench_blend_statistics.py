@@ -70,8 +70,7 @@ def rescore(con, run_id: str, cfg: dict, method: str, catalog=None) -> dict | No
                                    np.isfinite([by[n][i] for i in ids]))) for n in STATISTICS}
     task = task_named("regression")
     plain = stack_with_statistics(task, sel, metanet, np.array([by[metanet][i] for i in ids], float), fitted)
-    gate = TrustProfile.of_catalog(con, sel.ids("train"))
-    trusted = gate.judge_catalog(con, ids)
+    _, trusted = TrustProfile.judged(con, ids, sel.mask("train"))
     balanced = np.array([by[method][i] for i in ids], float)
     if cfg.get("plain_statistics"):
         from jobs.predictors.stacking import read_stack
@@ -100,8 +99,6 @@ class _Selection:
     def mask(self, split: str) -> np.ndarray:
         return self.splits == split
 
-    def ids(self, split: str) -> list[str]:
-        return [i for i, s in zip(self.model_ids, self.splits) if s == split]
 
 
 def main(argv=None) -> int:

@@ -220,8 +220,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     if cfg.stack and invariant and fitted:     # statistics of the same invariant graphs: the blend stays invariant
         balanced = fit_all(con, sel, [n for n in fitted if entry(n).stack], cfg.seed, prepare=invariant, read=read)
         if cfg.plain_statistics:       # ... for inputs outside the training models' own weight scales
-            gate = TrustProfile.of_catalog(con, sel.ids("train"))
-            gated = {"fallback": balanced, "gate": gate, "trusted": gate.judge_catalog(con, sel.model_ids)}
+            gate, trusted = TrustProfile.judged(con, sel.model_ids, sel.mask("train"))
+            gated = {"fallback": balanced, "gate": gate, "trusted": trusted}
         else:
             partners = balanced
     stack = stack_with_statistics(task, sel, cfg.model, pred, partners, **gated) if cfg.stack else None

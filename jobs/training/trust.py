@@ -97,6 +97,15 @@ class TrustProfile:
         """The envelope of these catalog models' profiles, read after ``prepare``."""
         return cls.fit(profiles_of(con, model_ids, prepare), prepare)
 
+    @classmethod
+    def judged(cls, con, model_ids: Sequence[str], train: np.ndarray,
+               prepare: dict | None = None) -> tuple["TrustProfile", np.ndarray]:
+        """The envelope of the models ``train`` marks among ``model_ids``, and its judgement of every
+        one of them: each model's profile read once."""
+        profiles = profiles_of(con, model_ids, prepare)
+        profile = cls.fit(profiles[np.asarray(train, bool)], prepare)
+        return profile, profile.in_distribution(profiles)
+
     def in_distribution(self, profiles: np.ndarray) -> np.ndarray:
         """(n,) bool: every feature the input and the training models have lies inside the envelope
         (``profiles``: rows of every one of FEATURES, as scale_profiles gives them)."""
