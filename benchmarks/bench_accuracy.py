@@ -66,12 +66,14 @@ def overrides(pairs: list[str]) -> dict:
         raise SystemExit(f"--set {exc}") from None
 
 
-def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int, seed: int, baselines: bool,
+def run_fold(cat: Path, model: str, folds: int, fold: int, epochs: int | None, seed: int, baselines: bool,
              lever: dict | None = None, tag: str = "") -> str:
     from jobs.config import TrainConfig
     from jobs.training.train import train_heterognn
 
-    settings = {"epochs": epochs, "patience": max(5, epochs // 3), **(lever or {})}   # 10 -> 5, the default
+    # None: the recipe's schedule (10 epochs, more on small training sets: TrainConfig.schedule_for)
+    fixed = {} if epochs is None else {"epochs": epochs, "patience": max(5, epochs // 3)}
+    settings = {**fixed, **(lever or {})}
     cfg = TrainConfig(folds=folds, fold=fold, seed=seed, model=model, baselines=baselines, **settings)
     t = time.perf_counter()
     report = train_heterognn(cat, cfg, progress=False)
@@ -241,7 +243,8 @@ def main(argv=None) -> None:
     ap.add_argument("--n", type=int, default=None, help="models per zoo (default 400 quick, 1500 full)")
     ap.add_argument("--folds", type=int, default=3, help="K of the K-fold split (default 3)")
     ap.add_argument("--epochs", type=int, default=None,
-                    help="metanetwork epochs per ensemble member (default: the recipe's, 10)")
+                    help="metanetwork epochs per ensemble member (default: the recipe's: 10, more where a member "
+                    "would take fewer than --min-steps batches)")
     ap.add_argument("--zoos", default=None, help="comma-separated zoo kinds (default cnn,cnn-fixed; with --blind, "
                     "some of the blind ones)")
     ap.add_argument("--blind", action="store_true",
@@ -266,9 +269,7 @@ def main(argv=None) -> None:
                     "without it: a lever measured against the recipe; repeatable (one variant, all changes)")
     args = ap.parse_args(argv)
     n = args.n or (1500 if args.full else 400)
-    from jobs.config import OptimConfig
-
-    epochs = args.epochs or OptimConfig.epochs
+    epochs = args.epochs
     # quick mode trains one metanetwork per fold, not the recipe's ensemble of 3, to stay under 20 minutes
     lever = {**({} if args.full else {"ensemble": 1}), **overrides(args.lever)}
     versus = overrides(args.versus)
@@ -286,7 +287,8 @@ def main(argv=None) -> None:
         ap.error(f"unknown blind zoo(s) {sorted(unknown)}; the blind zoos are {', '.join(BLIND)}")
     for kind in kinds:
         cat = blind_catalog(kind, n, args.seed) if args.blind else zoo_catalog(kind, n)
-        print(f"{kind}: {n}-model zoo, {args.folds} folds, {epochs} epochs", flush=True)
+        print(f"{kind}: {n}-model zoo, {args.folds} folds, "
+              f"{'the recipe' + chr(39) + 's epochs' if epochs is None else f'{epochs} epochs'}", flush=True)
         available = min(training_models(cat, args.folds, fold) for fold in range(args.folds))
         for size in sizes:
             if size is not None and size > available:

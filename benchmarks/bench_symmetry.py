@@ -80,11 +80,11 @@ def main(argv=None) -> None:
     ap.add_argument("--folds", type=int, default=3,
                     help="K-fold splits (every model tested once); 0 = the zoo's hash split")
     args = ap.parse_args(argv)
-    from jobs.config import TrainConfig
+    from jobs.config import DEFAULT_EPOCHS
 
     n = args.n or (1500 if args.full else 400)
     seeds = max(1, args.seeds)
-    epochs = args.epochs or (TrainConfig().epochs if args.full else 20)
+    epochs = args.epochs or (DEFAULT_EPOCHS if args.full else 20)
     variants = [v for v in (args.variants or ("ngnn,ngnn+balanced" if args.full else ",".join(VARIANTS))).split(",")
                 if v]
     unknown = set(variants) - set(VARIANTS)

@@ -5,6 +5,7 @@ neither torch nor DGL (the CLI reads it to build its options).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -88,15 +89,23 @@ class DataConfig:
                                              "'<method>@xMAX'). Repeat for several MAX.", type=float, metavar="MAX")
 
 
+DEFAULT_EPOCHS = 10     # per member, where the zoo is large enough (OptimConfig.schedule_for)
+
+
 @dataclass
 class OptimConfig:
     """How the metanetwork is fitted and selected, and what it is compared with."""
-    epochs: int = option(10, "Epochs per ensemble member (cosine schedule over them).", type=click.IntRange(min=1))
+    epochs: int | None = option(None, "Epochs per ensemble member (cosine schedule over them). Default: 10, or more "
+                                "on a zoo too small for 10 epochs to take --min-steps batches.",
+                                type=click.IntRange(min=1))
     batch_size: int = option(32, "Models per batch.", type=click.IntRange(min=1))
     lr: float = option(1e-3, "AdamW learning rate.")
     weight_decay: float = option(1e-4, "AdamW weight decay.", type=click.FloatRange(min=0.0))
     patience: int = option(5, "Early stopping: epochs without a better validation score.",
                            type=click.IntRange(min=1))
+    min_steps: int = option(400, "Without --epochs: at least N optimiser steps per member. On a zoo too small "
+                            "for 10 epochs to take N batches, the epochs (and --patience with them) grow until "
+                            "they do. 0 = always 10.", type=click.IntRange(min=0), metavar="N")
     ensemble: int = option(3, "Train K metanetworks (seeds SEED..SEED+K-1) and average their predictions (K times "
                            "the training time; 1 for a single model).", type=click.IntRange(min=1))
     rank_weight: float = option(3.0, "Regression: add W times a pairwise ranking loss (RankNet's, over the pairs of "
@@ -127,6 +136,18 @@ class OptimConfig:
                                     "graphs for any other input (a rescaled copy gets an answer as invariant as the "
                                     "metanetwork's). --no-plain-statistics: balanced graphs for every input.")
 
+    def schedule_for(self, train_models: int) -> tuple[int, int]:
+        """(epochs, patience) of one member trained on ``train_models`` models: --epochs and --patience
+        as given; without --epochs, 10 and --patience, both scaled up by the same factor where 10
+        epochs would take fewer batches than --min-steps (a metanetwork on 100 models would
+        otherwise stop after 40 optimiser steps, still learning)."""
+        if self.epochs is not None:
+            return self.epochs, self.patience
+        batches = -(-max(train_models, 1) // self.batch_size)
+        if self.max_train_batches is not None:
+            batches = min(batches, self.max_train_batches)
+        factor = max(1.0, self.min_steps / (batches * DEFAULT_EPOCHS))
+        return math.ceil(DEFAULT_EPOCHS * factor), math.ceil(self.patience * factor)
 
 @dataclass(kw_only=True)
 class MetanetConfig:

@@ -103,7 +103,8 @@ def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, str
     if ctx.active:          # some relations are absent from some batches: their parameters get no gradient
         step_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device] if device.type == "cuda" else None, find_unused_parameters=True)
-    fitted = fit(model, objective, Schedule(cfg.epochs, cfg.lr, cfg.weight_decay, clip=5.0, patience=cfg.patience,
+    epochs, patience = cfg.schedule_for(len(train_idx))
+    fitted = fit(model, objective, Schedule(epochs, cfg.lr, cfg.weight_decay, clip=5.0, patience=patience,
                                             min_delta=1e-4), desc, progress, step_model)
     history = [{"epoch": h["round"], "train_loss": h["train_loss"], "val_score": h["val_score"],
                 "train_graphs": h["train_examples"], "train_seconds": h["train_seconds"]} for h in fitted.history]

@@ -49,7 +49,10 @@ def test_the_cli_defaults_are_the_library_recipe():
             default = tuple(default) if isinstance(default, (list, tuple)) else ()
         assert default == recipe[field], f"--{p.name}: CLI {p.default!r}, TrainConfig {recipe[field]!r}"
         checked.add(field)
-    assert {"epochs", "ensemble", "patience", "calibrate", "calibration", "rank_weight", "attention_groups",
+    # no --epochs means the recipe's schedule (TrainConfig.schedule_for), through either door
+    assert next(p for p in train_heterognn_cmd.params if p.name == "epochs").get_default(ctx) is None
+    assert recipe["epochs"] is None
+    assert {"min_steps", "ensemble", "patience", "calibrate", "calibration", "rank_weight", "attention_groups",
             "attention_std", "relation_values", "fourier", "bn_stats", "hidden", "layers", "lr", "model"} <= checked
     from jobs.training.tasks import CALIBRATIONS
 

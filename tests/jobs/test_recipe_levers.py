@@ -112,6 +112,27 @@ def test_a_run_with_the_levers_trains_and_reloads_with_them(catalog_copy):
     assert predict_again_gap(catalog_copy, report.run_id, "zoo = 'cnn'") < 1e-5
 
 
+def test_without_epochs_a_small_zoo_trains_until_min_steps_batches():
+    cfg = TrainConfig(batch_size=32, patience=5)                  # the recipe: no --epochs, --min-steps 400
+    assert cfg.schedule_for(100) == (100, 50)        # 4 batches an epoch: 100 epochs, patience scaled alike
+    assert cfg.schedule_for(250) == (50, 25)         # 8 batches
+    assert cfg.schedule_for(850) == (15, 8)          # 27 batches: 270 steps in 10 epochs -> x 1.48
+    assert cfg.schedule_for(5000) == (10, 5)         # large zoos keep 10 epochs
+    assert TrainConfig(epochs=3, patience=2).schedule_for(100) == (3, 2)      # --epochs is obeyed as given
+    assert TrainConfig(min_steps=0).schedule_for(100) == (10, 5)
+
+
+def test_a_run_without_epochs_takes_the_scaled_schedule(catalog_copy):
+    cfg = TrainConfig(where="zoo = 'cnn'", ensemble=1, batch_size=8, hidden=8, edge_hidden=4, layers=1,
+                      min_steps=60, patience=100, baselines=False)
+    report = train_heterognn(catalog_copy, cfg, progress=False)
+    batches = -(-report.n_models["train"] // 8)
+    epochs = -(-60 // batches) if batches * 10 < 60 else 10
+    assert batches * 10 < 60                         # the fixture's zoo is small enough to be scaled up
+    assert report.epochs_run == epochs == len(report.history)   # patience grew with them: no early stop
+    assert sum(h["train_graphs"] for h in report.history) == epochs * report.n_models["train"]
+
+
 def test_with_augmentation_batch_norms_become_affine_maps_after_each_rescaling(catalog_dir):
     from jobs.training.preparation import preparation, training_changes
     from pipeline.graph_codec import read_plans
