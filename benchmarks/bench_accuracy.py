@@ -287,8 +287,8 @@ def main(argv=None) -> None:
         ap.error(f"unknown blind zoo(s) {sorted(unknown)}; the blind zoos are {', '.join(BLIND)}")
     for kind in kinds:
         cat = blind_catalog(kind, n, args.seed) if args.blind else zoo_catalog(kind, n)
-        print(f"{kind}: {n}-model zoo, {args.folds} folds, "
-              f"{'the recipe' + chr(39) + 's epochs' if epochs is None else f'{epochs} epochs'}", flush=True)
+        schedule = "the recipe's epochs" if epochs is None else f"{epochs} epochs"
+        print(f"{kind}: {n}-model zoo, {args.folds} folds, {schedule}", flush=True)
         available = min(training_models(cat, args.folds, fold) for fold in range(args.folds))
         for size in sizes:
             if size is not None and size > available:

@@ -149,6 +149,7 @@ class OptimConfig:
         factor = max(1.0, self.min_steps / (batches * DEFAULT_EPOCHS))
         return math.ceil(DEFAULT_EPOCHS * factor), math.ceil(self.patience * factor)
 
+
 @dataclass(kw_only=True)
 class MetanetConfig:
     """A metanetwork's own hyperparameters, as the CLI offers them and as runs save them;
