@@ -177,6 +177,9 @@ class MetanetConfig:
                                    "embedding (per-layer weight and bias statistics, shape descriptors on mixed zoos; "
                                    "read after the symmetry preparation, as normal scores of the training models' "
                                    "quantiles): the graph adds to what statistics know.")
+    head_spectral: bool = option(False, "With --head-statistics: also give the head each weight matrix's spectral "
+                                 "descriptors (top singular value, norm, stable and effective rank, how far the top "
+                                 "stands out of the bulk), which statistics of the weight values cannot see.")
     heads: int = option(4, "NG-T: attention heads (they split --hidden).", type=click.IntRange(min=1))
     attention_groups: str = option("all", "NG-T: what one attention softmax runs over: all of a neuron's edges, its "
                                    "in-edges and reverse edges apart (direction), or each edge type apart "
@@ -191,7 +194,7 @@ class MetanetConfig:
 
 # what runs saved before a field existed computed (jobs.metanets.ngnn.NGGNNConfig.from_dict fills them in)
 LEGACY = {"readout_outputs": 0, "fourier": 0, "attention_std": False, "relation_values": False,
-          "head_statistics": False}
+          "head_statistics": False, "head_spectral": False}
 
 
 @dataclass

@@ -24,9 +24,11 @@ import numpy as np
 from jobs.predictors.baselines import (FLAT_GRID, INDEX_COLUMNS, fit_params, fit_tuned, flat_weights, model_activations,
                                       parameter_shapes, shape_features, single_threaded, statnn_features,
                                       statnn_features_of_graphs)
+from jobs.predictors.spectra import spectral_features_of_graphs
 from jobs.training.data import Selection
 
 MIN_TRAIN = 5               # fewer training models than this and a tabular predictor abstains
+GRAPH_CHUNK = 256           # graphs read at a time where features need them (jobs.predictors.spectra)
 
 
 @dataclass
@@ -140,11 +142,18 @@ class StatNN(TabularPredictor):
 
     def features(self, con, model_ids):
         prepare = self.preparation()
-        if prepare is None:
+        if prepare is None and not self.settings.get("spectral"):
             return self._with_shape(con, model_ids, statnn_features(con, model_ids))
         from jobs.training.preparation import read_prepared
 
-        return self._with_shape(con, model_ids, statnn_features_of_graphs(read_prepared(con, model_ids, prepare)))
+        parts = []               # a chunk of graphs at a time: the descriptors need them, the features do not
+        for start in range(0, len(model_ids), GRAPH_CHUNK):
+            ids = list(model_ids[start:start + GRAPH_CHUNK])
+            graphs = read_prepared(con, ids, prepare)
+            stats = statnn_features(con, ids) if prepare is None else statnn_features_of_graphs(graphs)
+            parts.append(self._with_spectra(stats, graphs))
+        stats = np.vstack(parts) if parts else self._with_spectra(statnn_features_of_graphs([]), [])
+        return self._with_shape(con, model_ids, stats)
 
     def features_of_graphs(self, con, model_ids, graphs) -> np.ndarray:
         """The features of in-memory graphs of ``model_ids`` (e.g. rescaled copies: their statistics
@@ -154,7 +163,7 @@ class StatNN(TabularPredictor):
             from jobs.training.preparation import prepared_graphs
 
             graphs = prepared_graphs(con, model_ids, graphs, dict(flags))
-        return self._with_shape(con, model_ids, statnn_features_of_graphs(graphs))[0]
+        return self._with_shape(con, model_ids, self._with_spectra(statnn_features_of_graphs(graphs), graphs))[0]
 
     def preparation(self):
         """The graph preparation its statistics are read after (``settings["prepare"]``: the
@@ -167,16 +176,23 @@ class StatNN(TabularPredictor):
 
         return run_preparation(dict(flags))
 
+    def _with_spectra(self, stats: np.ndarray, graphs) -> np.ndarray:
+        """The statistics, then (``settings["spectral"]``) the weight matrices' spectral descriptors."""
+        if not self.settings.get("spectral"):
+            return stats
+        return np.hstack([stats, spectral_features_of_graphs(graphs, bool(self.settings.get("index_only")))])
+
     def _with_shape(self, con, model_ids, stats: np.ndarray):
         if self.settings.get("index_only"):
-            stats[:, ~INDEX_COLUMNS] = np.nan
+            stats[:, :len(INDEX_COLUMNS)][:, ~INDEX_COLUMNS] = np.nan
         if self.settings.get("shape"):
             stats = np.hstack([stats, shape_features(con, model_ids, self.settings["activations"])])
         return stats, np.ones(len(stats), bool)
 
     def note(self) -> str:
         prepared = "".join(f"on {k} graphs; " for k, v in (self.settings.get("prepare") or {}).items() if v)
-        return prepared + ("with shape descriptors; " if self.settings.get("shape") else "") + super().note()
+        return (prepared + ("with spectral descriptors; " if self.settings.get("spectral") else "")
+                + ("with shape descriptors; " if self.settings.get("shape") else "") + super().note())
 
 
 class StatNNMLP(StatNN):

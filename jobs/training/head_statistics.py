@@ -37,15 +37,18 @@ class HeadStatistics:
         return len(self.columns) + len(self.missing)
 
     @classmethod
-    def fit(cls, con, sel, prepare: dict | None = None,
-            read: dict | None = None) -> tuple["HeadStatistics", np.ndarray]:
+    def fit(cls, con, sel, prepare: dict | None = None, read: dict | None = None,
+            spectral: bool = False) -> tuple["HeadStatistics", np.ndarray]:
         """The map fitted on ``sel``'s training models, and the (n, width) inputs of every selected
         model. ``prepare``: the run's symmetry preparation (jobs.training.preparation). ``read``: a
         feature cache shared with the blend's StatNN (jobs.predictors.tabular.read_once), which
-        reads the same features with the same settings: every graph is prepared once."""
+        reads the same features with the same settings: every graph is prepared once. ``spectral``:
+        the weight matrices' spectral descriptors (jobs.predictors.spectra) beside the statistics."""
         from jobs.predictors.tabular import StatNN, read_once, settled
 
         reader = settled(StatNN(), con, sel, prepare)
+        if spectral:
+            reader.settings["spectral"] = True
         head = cls(dict(reader.settings))
         x = read_once({} if read is None else read, reader, con, sel.model_ids)[0]
         train = x[sel.mask("train")]

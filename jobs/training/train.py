@@ -179,7 +179,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         head = pretrained.head
         stream.side = train_stream.side = head.of_models(con, sel.model_ids)
     elif cfg.head_statistics and pretrained is None:    # StatNN's features beside the graph embedding
-        head, stream.side = HeadStatistics.fit(con, sel, symmetry_preparation(cfg), read)
+        head, stream.side = HeadStatistics.fit(con, sel, symmetry_preparation(cfg), read, cfg.head_spectral)
         train_stream.side = stream.side
     train_idx = np.nonzero(sel.mask("train"))[0]
     val_idx = np.nonzero(sel.mask("val"))[0]
