@@ -66,7 +66,7 @@ def _assemble(per_layer: list[list[dict[int, list[float]]]], norm: list[list[flo
     for i, stats in enumerate(norm):
         if stats is not None:
             norms[i] = stats
-    return np.hstack([out.reshape(len(norm), -1), norms])
+    return np.hstack([out.reshape(len(norm), 2 * (MAX_LAYERS + n_pos) * width), norms])
 
 
 def _index_columns() -> np.ndarray:

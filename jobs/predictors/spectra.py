@@ -86,4 +86,4 @@ def spectral_features_of_graphs(graphs: Sequence, index_only: bool = False) -> n
             out[i, MAX_LAYERS + 2] = ops[order[-1]]
             if len(order) > 2:
                 out[i, MAX_LAYERS + 1] = np.mean([ops[o] for o in order[1:-1]], axis=0)
-    return out.reshape(len(graphs), -1)
+    return out.reshape(len(graphs), (MAX_LAYERS + n_pos) * width)

@@ -125,3 +125,20 @@ def test_the_head_and_the_blend_read_each_models_statistics_once(catalog_copy, m
     assert "ngnn+statnn+statnn_mlp" in report.metrics        # the head, the baselines and the blend all ran
     # the plain statistics for the baselines, the balanced ones for the head and the blend: two reads
     assert len(reads) == len(set(reads)) == 2 and sum('"balanced": true' in r for r in reads) == 1
+
+
+def test_a_run_with_spectral_descriptors_reads_them_saves_and_predicts_the_same(catalog_copy):
+    """--head-spectral widens the head by the descriptors the training models have, keeps them in the
+    saved map's settings, and `jobs predict` reads them again to the same predictions (rescaled
+    copies included: their descriptors are read from the copies' own graphs)."""
+    cfg = dict(where="zoo = 'cnn'", ensemble=1, epochs=1, batch_size=8, hidden=16, edge_hidden=8, layers=1,
+               patience=1, baselines=False, stack=False)
+    plain = train_heterognn(catalog_copy, TrainConfig(**cfg), progress=False)
+    spectral = train_heterognn(catalog_copy, TrainConfig(**cfg, head_spectral=True, rescale_test=(4.0,)),
+                               progress=False)
+    _, without = load_metanetwork(Catalog(catalog_copy), plain.run_id)
+    models, manifest = load_metanetwork(Catalog(catalog_copy), spectral.run_id)
+    assert manifest.head.settings.get("spectral") is True and not without.head.settings.get("spectral")
+    assert manifest.head.width > without.head.width and models[0].cfg.statistics_dim == manifest.head.width
+    assert "ngnn@x4" in spectral.metrics
+    assert predict_again_gap(catalog_copy, spectral.run_id, "zoo = 'cnn'") < 1e-5
