@@ -201,6 +201,16 @@ class StatNNMLP(StatNN):
     learner = "mlp"
 
 
+class SpectralStatNN(StatNN):
+    """StatNN's statistics plus each weight matrix's spectral descriptors (jobs.predictors.spectra) into
+    gradient boosting: the features ``--head-spectral`` gives a metanetwork's head, without the graph.
+    A peer, not a blend partner: it says how much of a metanetwork's answer those features alone give."""
+    name = "statnn_spectral"
+
+    def settle(self, con, sel: Selection) -> dict:
+        return {**super().settle(con, sel), "spectral": True}
+
+
 class FlatMLP(TabularPredictor):
     """An MLP on every weight and bias of a model in one vector: only defined for one parameter
     shape, so it reads the models of the training split's most common shape (all of a
