@@ -14,7 +14,8 @@ descriptors are, from the singular values ``s_1 >= ... >= s_k``:
 They are invariant to permuting hidden neurons (a permutation of rows and columns leaves singular
 values alone) and, read after the run's symmetry preparation, as invariant as the graph the
 metanetwork reads. Slots follow StatNN's: by operation index (``MAX_LAYERS``), then first / mean of
-the middle / last; NaN where a model has no such operation.
+the middle / last; NaN where a model has no such operation (or its matrix is above ``MAX_SIDE``
+rows and columns or ``MAX_ENTRIES``).
 
 Measured on the development zoos before it joined the head (gradient boosting tuned on validation, 3
 folds, test tau): statistics alone against statistics plus these, at 100 and 500 training models,
@@ -29,6 +30,9 @@ import numpy as np
 from jobs.predictors.baselines import MAX_LAYERS, POSITION_SLOTS
 from pipeline.neural_graph.vocabulary import RELATIONS
 
+# the largest matrix whose singular values are computed (a few ms each); a larger one (a ViT's or a
+# ResNet-50's) is a missing slot, so that a zoo of large networks does not spend minutes per model here
+MAX_SIDE, MAX_ENTRIES = 256, 1 << 20
 SPECTRAL_NAMES = ["log_s1", "log_fro", "stable_rank", "entropy_rank", "log_top_over_median", "log_min_over_top"]
 MATRIX_RELATIONS = (RELATIONS.index("linear"), RELATIONS.index("conv"))
 
@@ -58,12 +62,19 @@ def spectral_descriptors(matrix: np.ndarray) -> list[float] | None:
             float(np.exp(-(p * np.log(p)).sum()) / k), float(np.log(s[0] / np.median(s))), float(np.log(s[-1] / s[0]))]
 
 
+def small_enough(graph, mask: np.ndarray) -> bool:
+    """Whether the operation's matrix is within ``MAX_SIDE`` rows or columns and ``MAX_ENTRIES``."""
+    rows = int(graph.node_position[graph.dst[mask]].max()) + 1
+    cols = (int(graph.node_position[graph.src[mask]].max()) + 1) * graph.weight.shape[1]
+    return min(rows, cols) <= MAX_SIDE and rows * cols <= MAX_ENTRIES
+
+
 def graph_spectra(graph) -> dict[int, list[float]]:
     """operation index -> its descriptors, for the linear and convolution operations of one graph."""
     out = {}
     for op in np.unique(graph.edge_op):
         mask = graph.edge_op == op
-        if int(graph.relation[mask][0]) in MATRIX_RELATIONS:
+        if int(graph.relation[mask][0]) in MATRIX_RELATIONS and small_enough(graph, mask):
             d = spectral_descriptors(weight_matrix(graph, mask))
             if d is not None:
                 out[int(op)] = d

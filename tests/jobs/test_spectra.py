@@ -70,3 +70,15 @@ def test_slots_by_index_and_position_and_index_only():
     only = spectral_features_of_graphs([graph_of(SmallCNN())], index_only=True).reshape(-1, len(SPECTRAL_NAMES))
     assert np.isfinite(only).all(1).sum() == 3
     assert spectral_features_of_graphs([]).shape == (0, x.size)
+
+
+def test_a_matrix_above_the_size_limit_is_a_missing_slot(monkeypatch):
+    import jobs.predictors.spectra as spectra
+
+    torch.manual_seed(3)
+    graph = graph_of(SmallCNN())
+    # in the model's 5x5 frame: conv1 is 6 x 3*25, conv2 5 x 6*25, fc 4 x 5*25 (its weight centred)
+    monkeypatch.setattr(spectra, "MAX_ENTRIES", 5 * 6 * 25)
+    assert len(spectra.graph_spectra(graph)) == 3
+    monkeypatch.setattr(spectra, "MAX_ENTRIES", 5 * 6 * 25 - 1)   # conv2's matrix is one entry too many
+    assert len(spectra.graph_spectra(graph)) == 2
