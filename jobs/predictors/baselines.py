@@ -44,6 +44,22 @@ NORM_STATS = (
     "WHERE CAST(relation AS VARCHAR) = 'norm') GROUP BY model_id")
 
 
+def by_slot(layers: dict[int, list[float]], width: int, positions: bool = True) -> np.ndarray:
+    """(MAX_LAYERS + 3, width): one model's values per layer by layer index, then by position
+    (first, mean over the middle layers, last; left NaN without ``positions``); NaN where empty."""
+    out = np.full((MAX_LAYERS + len(POSITION_SLOTS), width), np.nan)
+    for layer, values in layers.items():
+        if layer < MAX_LAYERS:
+            out[layer] = values
+    if layers and positions:
+        order = sorted(layers)
+        out[MAX_LAYERS] = layers[order[0]]
+        out[MAX_LAYERS + 2] = layers[order[-1]]
+        if len(order) > 2:
+            out[MAX_LAYERS + 1] = np.mean([layers[o] for o in order[1:-1]], axis=0)
+    return out
+
+
 def _assemble(per_layer: list[list[dict[int, list[float]]]], norm: list[list[float] | None]) -> np.ndarray:
     """The StatNN feature rows: for weights and for biases, the 7 statistics by layer index
     (``MAX_LAYERS`` slots) and by position (first, mean over the middle layers, last), then the
@@ -53,15 +69,7 @@ def _assemble(per_layer: list[list[dict[int, list[float]]]], norm: list[list[flo
     out = np.full((len(norm), 2, MAX_LAYERS + n_pos, width), np.nan)
     for i, kinds in enumerate(per_layer):
         for k, layers in enumerate(kinds):
-            for layer, stats in layers.items():
-                if layer < MAX_LAYERS:
-                    out[i, k, layer] = stats
-            if layers:
-                order = sorted(layers)
-                out[i, k, MAX_LAYERS] = layers[order[0]]
-                out[i, k, MAX_LAYERS + 2] = layers[order[-1]]
-                if len(order) > 2:
-                    out[i, k, MAX_LAYERS + 1] = np.mean([layers[o] for o in order[1:-1]], axis=0)
+            out[i, k] = by_slot(layers, width)
     norms = np.full((len(norm), width), np.nan)
     for i, stats in enumerate(norm):
         if stats is not None:

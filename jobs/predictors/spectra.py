@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jobs.predictors.baselines import MAX_LAYERS, POSITION_SLOTS
+from jobs.predictors.baselines import MAX_LAYERS, POSITION_SLOTS, by_slot
 from pipeline.neural_graph.vocabulary import RELATIONS
 
 # the largest matrix whose singular values are computed (a few ms each); a larger one (a ViT's or a
@@ -84,17 +84,8 @@ def graph_spectra(graph) -> dict[int, list[float]]:
 def spectral_features_of_graphs(graphs: Sequence, index_only: bool = False) -> np.ndarray:
     """(n, (MAX_LAYERS + 3) * 6) descriptors by operation index, then by position (first, mean of the
     middle, last; left NaN with ``index_only``, as StatNN leaves them on zoos of one shape)."""
-    width, n_pos = len(SPECTRAL_NAMES), len(POSITION_SLOTS)
-    out = np.full((len(graphs), MAX_LAYERS + n_pos, width), np.nan)
+    width = len(SPECTRAL_NAMES)
+    out = np.full((len(graphs), MAX_LAYERS + len(POSITION_SLOTS), width), np.nan)
     for i, g in enumerate(graphs):
-        ops = graph_spectra(g)
-        for op, d in ops.items():
-            if op < MAX_LAYERS:
-                out[i, op] = d
-        if ops and not index_only:
-            order = sorted(ops)
-            out[i, MAX_LAYERS] = ops[order[0]]
-            out[i, MAX_LAYERS + 2] = ops[order[-1]]
-            if len(order) > 2:
-                out[i, MAX_LAYERS + 1] = np.mean([ops[o] for o in order[1:-1]], axis=0)
-    return out.reshape(len(graphs), (MAX_LAYERS + n_pos) * width)
+        out[i] = by_slot(graph_spectra(g), width, positions=not index_only)
+    return out.reshape(len(graphs), out.shape[1] * width)
