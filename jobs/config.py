@@ -179,7 +179,8 @@ class MetanetConfig:
                                    "quantiles): the graph adds to what statistics know.")
     head_spectral: bool = option(False, "With --head-statistics: also give the head each weight matrix's spectral "
                                  "descriptors (top singular value, norm, stable and effective rank, how far the top "
-                                 "stands out of the bulk), which statistics of the weight values cannot see.")
+                                 "stands out of the bulk), which statistics of the weight values cannot see. Off: measured "
+                                 "level with the recipe on the development zoos (docs/metanetworks.md).")
     heads: int = option(4, "NG-T: attention heads (they split --hidden).", type=click.IntRange(min=1))
     attention_groups: str = option("all", "NG-T: what one attention softmax runs over: all of a neuron's edges, its "
                                    "in-edges and reverse edges apart (direction), or each edge type apart "
