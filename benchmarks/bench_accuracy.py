@@ -7,19 +7,20 @@ hash of model_id (``jobs train-heterognn --folds K --fold I``): every model is a
 exactly one fold. Per fold, in one run:
 
 - every metanetwork of the registry (jobs.predictors: NG-GNN, NG-T) with the project's default
-  recipe, and its answer: the metanetwork blended with the mean of StatNN's learners, the weight
-  chosen on validation (``ngnn+statnn+statnn_mlp``, jobs.predictors.stacking);
+  recipe, and its answer: the metanetwork blended with the mean of the statistics predictors, the weight
+  chosen on validation (``ngnn+statnn+statnn_mlp+statnn_spectral``, jobs.predictors.stacking);
 - every tabular predictor of the registry: StatNN as gradient boosting (``statnn``) and as the
   paper's MLP (``statnn_mlp``), each tuned on validation, with shape descriptors on mixed zoos;
-  the flat-weights MLP (one-shape zoos); and ``statnn_avg``, the mean of StatNN's two learners;
+  StatNN with spectral descriptors (``statnn_spectral``); the flat-weights MLP (one-shape zoos); and
+  ``statnn_avg``, the mean of the statistics predictors (the blend's partners);
 - peers (``--peers``, the optional extra ``.[peers]``; ``jobs.predictors.peers``): NFN with NP and with HNP
   layers (fixed zoo only: one shape), WeightWatcher's summary metrics as zero-training predictors
   (``ww_alpha`` ...; sign chosen on the training split) and its per-layer metrics into tuned
   gradient boosting (``ww_gbt``).
 
 It prints, per zoo and method, the mean and standard deviation over folds of test Kendall tau, R^2
-and MAE, and the paired difference in tau to the strongest statistics (``statnn``, ``statnn_mlp``
-or ``statnn_avg``) with a bootstrap 95% interval
+and MAE, and the paired difference in tau to the strongest statistics (``statnn``, ``statnn_mlp``,
+``statnn_spectral`` or ``statnn_avg``) with a bootstrap 95% interval
 (test models resampled within each fold, the same draw for both methods). A margin whose interval
 holds zero is not a win. Predictions are read back from the catalog's ``predictions`` relation.
 

@@ -11,8 +11,8 @@ answers:
   (``TrustProfile`` of the plain graphs), the balanced answer for the others. For a default run
   this rebuilds its own answer.
 It prints, per catalog, training size and head setting, the mean test tau over the runs' folds of
-NG-GNN and both answers, each minus the strongest statistics (StatNN, StatNN-MLP or their mean) at
-that size, the share of test models the gate sent to the balanced answer, and gated minus balanced
+NG-GNN and both answers, each minus the strongest statistics (one of the blend's partners or their
+mean) at that size, the share of test models the gate sent to the balanced answer, and gated minus balanced
 with a paired bootstrap 95% interval.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_blend_statistics.py /tmp/zoograph-bench/catalog-cnn-1500-0
@@ -27,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-STATISTICS = ("statnn", "statnn_mlp")
+from jobs.predictors import PREDICTORS, names
+
+STATISTICS = tuple(n for n in names("tabular") if PREDICTORS[n].stack)    # the blend's partners
 
 
 def saved_runs(con) -> list[tuple[str, dict, str]]:
@@ -61,13 +63,13 @@ def rescore(con, run_id: str, cfg: dict, method: str, catalog=None) -> dict | No
     for model_id, s, m, p, y in rows:
         by[m][model_id] = np.nan if p is None else p
         split[model_id], target[model_id] = s, y
-    metanet = cfg["model"]
-    if not all(m in by for m in (metanet, method, *STATISTICS)):
+    metanet, partners = cfg["model"], method.split("+")[1:]     # the run's own partners (its answer's name)
+    if not all(m in by for m in (metanet, method, *partners)):
         return None
     ids = sorted(split)
     sel = _Selection(ids, np.array([split[i] for i in ids]), np.array([target[i] for i in ids], float))
     fitted = {n: (None, Prediction(n, np.array([by[n][i] for i in ids], float),
-                                   np.isfinite([by[n][i] for i in ids]))) for n in STATISTICS}
+                                   np.isfinite([by[n][i] for i in ids]))) for n in partners}
     task = task_named("regression")
     plain = stack_with_statistics(task, sel, metanet, np.array([by[metanet][i] for i in ids], float), fitted)
     _, trusted = TrustProfile.judged(con, ids, sel.mask("train"))
@@ -82,8 +84,8 @@ def rescore(con, run_id: str, cfg: dict, method: str, catalog=None) -> dict | No
     gated = np.where(trusted, plain.predictions, balanced)
     test = sel.mask("test")
     y = sel.targets[test]
-    out = {m: kendall_tau(y, np.array([by[m][i] for i in ids], float)[test]) for m in (metanet, method, *STATISTICS)}
-    out["statnn_avg"] = kendall_tau(y, np.mean([fitted[n][1].predictions for n in STATISTICS], axis=0)[test])
+    out = {m: kendall_tau(y, np.array([by[m][i] for i in ids], float)[test]) for m in (metanet, method, *partners)}
+    out["statnn_avg"] = kendall_tau(y, np.mean([fitted[n][1].predictions for n in partners], axis=0)[test])
     out["balanced"], out["gated"] = kendall_tau(y, balanced[test]), kendall_tau(y, gated[test])
     out["untrusted"] = float((~trusted[test]).mean())
     out["test"] = (y, gated[test], balanced[test])
@@ -130,8 +132,9 @@ def main(argv=None) -> int:
             runs = list(folds.values())
             if not runs:
                 continue
-            mean = {k: float(np.mean([r[k] for r in runs])) for k in runs[0] if k != "test"}
-            best = max(("statnn", "statnn_mlp", "statnn_avg"), key=mean.get)
+            common = set.intersection(*(set(r) for r in runs)) - {"test"}    # runs from before a partner joined lack it
+            mean = {k: float(np.mean([r[k] for r in runs])) for k in common}
+            best = max((k for k in (*STATISTICS, "statnn_avg") if k in mean), key=mean.get)
             d = paired_bootstrap(*zip(*(r["test"] for r in runs)))
             print(f"  {model:5s} {size or 'all':>5} {'on' if head else 'off':>4s} {len(runs):5d} "
                   f"{mean[model] - mean[best]:+8.3f} {mean['balanced'] - mean[best]:+9.3f} {mean['gated'] - mean[best]:+8.3f}"

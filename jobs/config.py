@@ -128,8 +128,9 @@ class OptimConfig:
     init_catalog: str | None = option(None, "The catalog holding --init-from's run (default: the one trained on).",
                                       metavar="PATH")
     stack: bool = option(True, "Regression with a metanetwork: the run's answer is w * metanetwork + (1 - w) * the "
-                         "mean of StatNN's two learners, w in 0, 0.1, ..., 1 chosen on validation (the row "
-                         "'ngnn+statnn+statnn_mlp'); needs the baselines.")
+                         "mean of the statistics predictors (StatNN's two learners and StatNN with spectral descriptors), w in 0, "
+                         "0.1, ..., 1 chosen on validation (the row 'ngnn+statnn+statnn_mlp+statnn_spectral'); needs "
+                         "the baselines.")
     plain_statistics: bool = option(True, "With balanced (or canonical) inputs, the blend's statistics read the "
                                     "checkpoints' own weights for inputs whose weight scales lie within the training "
                                     "models' (what the weights' scales say about training is kept), and the balanced "

@@ -49,11 +49,13 @@ def weight_matrix(graph, mask: np.ndarray) -> np.ndarray:
 
 
 def spectral_descriptors(matrix: np.ndarray) -> list[float] | None:
-    """The ``SPECTRAL_NAMES`` of one matrix, or None for a matrix of zeros."""
+    """The ``SPECTRAL_NAMES`` of one matrix, or None for a matrix of zeros. Singular values below
+    numerical rank (``s_1 * max(shape) * eps``, as ``np.linalg.matrix_rank``) are zeros: a dead
+    filter's 1e-300 would otherwise underflow the entropy into NaN."""
     s = np.linalg.svd(matrix, compute_uv=False)
-    s = s[s > 0]
-    if not len(s):
+    if not len(s) or s[0] <= 0:
         return None
+    s = s[s > s[0] * max(matrix.shape) * np.finfo(np.float64).eps]
     energy = s ** 2
     fro2 = energy.sum()
     p = energy / fro2

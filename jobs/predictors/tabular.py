@@ -204,7 +204,7 @@ class StatNNMLP(StatNN):
 class SpectralStatNN(StatNN):
     """StatNN's statistics plus each weight matrix's spectral descriptors (jobs.predictors.spectra) into
     gradient boosting: the features ``--head-spectral`` gives a metanetwork's head, without the graph.
-    A peer, not a blend partner: it says how much of a metanetwork's answer those features alone give."""
+    A blend partner (jobs.predictors.stacking) and so one of the statistics a metanetwork must beat."""
     name = "statnn_spectral"
 
     def settle(self, con, sel: Selection) -> dict:

@@ -122,9 +122,11 @@ def test_the_head_and_the_blend_read_each_models_statistics_once(catalog_copy, m
     report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", ensemble=1, epochs=1, batch_size=8,
                                                        hidden=16, edge_hidden=8, layers=1, patience=1),
                              progress=False)
-    assert "ngnn+statnn+statnn_mlp" in report.metrics        # the head, the baselines and the blend all ran
-    # the plain statistics for the baselines, the balanced ones for the head and the blend: two reads
-    assert len(reads) == len(set(reads)) == 2 and sum('"balanced": true' in r for r in reads) == 1
+    assert "ngnn+statnn+statnn_mlp+statnn_spectral" in report.metrics        # the head, the baselines and the blend all ran
+    # the plain statistics for the baselines, the balanced ones for the head and the blend, each with and
+    # without the spectral descriptors (statnn_spectral, a partner): four reads, none repeated
+    assert len(reads) == len(set(reads)) == 4 and sum('"balanced": true' in r for r in reads) == 2
+    assert sum('"spectral": true' in r for r in reads) == 2
 
 
 def test_a_run_with_spectral_descriptors_reads_them_saves_and_predicts_the_same(catalog_copy):

@@ -82,3 +82,18 @@ def test_a_matrix_above_the_size_limit_is_a_missing_slot(monkeypatch):
     assert len(spectra.graph_spectra(graph)) == 3
     monkeypatch.setattr(spectra, "MAX_ENTRIES", 5 * 6 * 25 - 1)   # conv2's matrix is one entry too many
     assert len(spectra.graph_spectra(graph)) == 2
+
+
+def test_a_dead_direction_counts_as_rank_lost_not_as_a_nan(recwarn):
+    from jobs.predictors.spectra import spectral_descriptors
+
+    rng = np.random.default_rng(0)
+    full = rng.normal(size=(6, 8))
+    dead = full.copy()
+    dead[-1] = 1e-300 * rng.normal(size=8)          # a dead neuron: its row is all but zero
+    descriptors = spectral_descriptors(dead)
+    assert np.isfinite(descriptors).all() and not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    five = spectral_descriptors(dead[:-1])          # the same matrix without that row: the same spectrum's top
+    assert np.isclose(descriptors[0], five[0]) and np.isclose(descriptors[-1], five[-1])
+    assert spectral_descriptors(np.zeros((3, 4))) is None
+    assert np.isclose(spectral_descriptors(full)[0], np.log(np.linalg.norm(full, 2)))

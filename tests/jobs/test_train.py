@@ -37,7 +37,7 @@ def test_run_reports_and_writes_results(trained):
     root, report = trained
     from jobs.predictors import names
 
-    assert set(report.metrics) == {"ngnn", "ngnn+statnn+statnn_mlp", *names("tabular")}
+    assert set(report.metrics) == {"ngnn", "ngnn+statnn+statnn_mlp+statnn_spectral", *names("tabular")}
     assert report.metrics["ngnn"]["n"] == report.n_models["test"]
     con = duck.connect(root)
     # the reported scores are the scores of the written predictions against the catalog's targets
@@ -81,7 +81,7 @@ def test_predict_applies_the_saved_metanetwork_to_new_models(trained, tmp_path):
     weight, partners, fallback = saved["weight"], saved["partners"], saved["fallback"]
     run_id, method = con.execute("SELECT run_id, method FROM runs WHERE run_id LIKE ?",
                                  [report.run_id + "-predict-%"]).fetchone()
-    assert method == "ngnn+statnn+statnn_mlp"
+    assert method == "ngnn+statnn+statnn_mlp+statnn_spectral"
     by = {m: dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = ?",
                               [run_id, m]).fetchall()) for m in (method, "ngnn", *partners)}
     assert len(by[method]) == 4
@@ -108,7 +108,8 @@ def test_a_saved_baseline_refits_to_the_same_predictions(trained):
 
     root, report = trained
     stack = read_stack(Catalog(root), report.run_id)
-    assert stack.candidates == ["statnn", "statnn_mlp"] and stack.partners and set(stack.partners) <= {"statnn", "statnn_mlp"}
+    trio = ["statnn", "statnn_mlp", "statnn_spectral"]
+    assert stack.candidates == trio and stack.partners and set(stack.partners) <= set(trio)
     assert all(not p.settings.get("prepare") for p in stack.predictors)
     assert all(p.settings.get("prepare") == {"balanced": True} for p in stack.fallback.predictors)
     assert stack.gate.prepare is None
