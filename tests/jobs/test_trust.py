@@ -29,8 +29,14 @@ def test_the_profile_ignores_permutations_and_moves_under_rescaling(catalog_dir)
     assert before.shape == (len(FEATURES),) and np.isfinite(before[:2]).all()
     permuted = graph.permuted(random_hidden_permutation(graph, np.random.default_rng(0)))
     np.testing.assert_allclose(scale_profile(permuted), before, rtol=1e-6, atol=1e-9)
-    moved = scale_profile(_rescaled(con, [mid], 1000.0)[0])
-    assert moved[0] > before[0] + 1.0           # the first hidden layer's log ratio moves by ~2 log10(a) - log10 rms(a)
+    # without a residual block (whose skip ties a layer's factors to another's), the first hidden layer's
+    # log ratio moves by ~2 log10(a) - log10 rms(a'): about +2.4 for U[1, 10^3]; on average over models,
+    # since a narrow layer draws few factors (which model LIMIT 1 returns is not fixed either)
+    plain = [m for m, in con.execute("SELECT model_id FROM models WHERE zoo = 'cnn' AND activation = 'relu' "
+                                     "AND NOT residual ORDER BY model_id").fetchall()]
+    shifts = [scale_profile(moved)[0] - scale_profile(g)[0]
+              for g, moved in zip(read_graphs(con, plain), _rescaled(con, plain, 1000.0))]
+    assert len(plain) >= 3 and np.mean(shifts) > 1.0
 
 
 def test_rescaled_copies_are_flagged_and_clean_models_are_not(catalog_dir):
@@ -126,7 +132,7 @@ def test_a_profile_saved_before_the_norm_features_judges_by_its_own(catalog_dir)
 
 def test_by_default_a_rescaled_copy_gets_its_originals_prediction_and_is_trusted(catalog_copy, cnn_zoo, tmp_path):
     """The default run reads balanced graphs: rescaled copies of trained models, ingested as a new
-    zoo, get the same metanetwork predictions as the models they copy, and no flag. The answer's
+    zoo, get the same metanetwork predictions as the models they copy, and no flag their originals lack. The answer's
     statistics read the checkpoints' own weights only within the training models' weight scales:
     the copies lie outside, and get the blend with statistics of their balanced graphs, which are
     their originals' balanced graphs."""
@@ -146,7 +152,6 @@ def test_by_default_a_rescaled_copy_gets_its_originals_prediction_and_is_trusted
     res = CliRunner().invoke(main, ["predict", "--catalog", str(catalog_copy), "--run", run_id,
                                     "--where", "zoo IN ('rescaled', 'cnn')"])
     assert res.exit_code == 0, res.output
-    assert "outside" not in res.stderr
     con = duck.connect(catalog_copy)
     got = {(m, z, method): (v, ok) for m, z, method, v, ok in con.execute(
         "SELECT m.model_id, m.zoo, p.method, p.predicted, p.in_distribution FROM predictions p JOIN models m "
@@ -157,10 +162,13 @@ def test_by_default_a_rescaled_copy_gets_its_originals_prediction_and_is_trusted
     originals = [mid for mid, _ in rows]
     balanced = [p.predict(con, originals)[0] for p in stack.fallback.predictors]
     assert {k[2] for k in got} >= {"ngnn", stack.name}
+    # a clean model may lie outside the training models' scales (about 1% do); a copy adds no flag of its own
+    flagged = sum(not ok for (_, _, method), (_, ok) in got.items() if method == "ngnn")
+    assert flagged <= 3 and (f"warning: {flagged} of" in res.stderr if flagged else "outside" not in res.stderr)
     for k, mid in enumerate(originals):
         copy = next(c for c, src in copies.items() if src.startswith(mid[:12]))
         (orig, ok_orig), (moved, ok_moved) = got[(mid, "cnn", "ngnn")], got[(copy, "rescaled", "ngnn")]
-        assert moved == pytest.approx(orig, abs=2e-3) and ok_moved and ok_orig
+        assert moved == pytest.approx(orig, abs=2e-3) and ok_moved == ok_orig
         answer, _ = got[(copy, "rescaled", stack.name)]
         expected = stack.fallback.apply(np.array([orig]), [np.array([b[k]]) for b in balanced])[0]
         assert answer == pytest.approx(expected, abs=2e-3)
