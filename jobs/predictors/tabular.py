@@ -16,6 +16,7 @@ jobs.predictors.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -63,8 +64,12 @@ class TabularPredictor:
         """Choices fixed on the training selection and reused for every later input."""
         return {}
 
-    def features(self, con, model_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(n, k) features (NaN where missing) and the (n,) bool mask of models it can read."""
+    reads_spectra = False                # its features include the spectral descriptors (jobs.predictors.spectra)
+
+    def features(self, con, model_ids: Sequence[str], blocks: "FeatureReads | None" = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(n, k) features (NaN where missing) and the (n,) bool mask of models it can read;
+        ``blocks``: parts already read for these models (``FeatureReads``), to use and fill."""
         raise NotImplementedError
 
     def note(self) -> str:
@@ -140,20 +145,43 @@ class StatNN(TabularPredictor):
                 # (dev zoo cnn-fixed, 3 folds: 0.583 without them, 0.556 with); learners drop empty columns
                 "index_only": len(set(parameter_shapes(con, sel.model_ids))) == 1}
 
-    def features(self, con, model_ids):
+    def features(self, con, model_ids, blocks: dict | None = None):
+        """``blocks``: a ``FeatureReads`` of these models (``read_once`` passes its own), whose blocks
+        (statistics and spectra, by preparation) are read at most once: one pass over the graphs
+        reads every block a pass can, including the spectra when the cache says they will be wanted."""
+        blocks = FeatureReads() if blocks is None else blocks
+        flags = json.dumps(self.settings.get("prepare") or {}, sort_keys=True)
+        index_only, spectral = bool(self.settings.get("index_only")), bool(self.settings.get("spectral"))
+        stats_key, spectra_key = ("statistics", flags), ("spectra", flags, index_only)
         prepare = self.preparation()
-        if prepare is None and not self.settings.get("spectral"):
-            return self._with_shape(con, model_ids, statnn_features(con, model_ids))
+        if (prepare is not None and stats_key not in blocks) or (spectral and spectra_key not in blocks):
+            self._read_graph_blocks(con, model_ids, blocks, prepare, stats_key,
+                                    spectra_key if spectral or blocks.spectra else None)
+        if stats_key not in blocks:      # the checkpoints' own weights: the catalog's statistics, no graph
+            blocks[stats_key] = statnn_features(con, model_ids)
+        stats = blocks[stats_key]
+        stats = np.hstack([stats, blocks[spectra_key]]) if spectral else stats.copy()
+        return self._with_shape(con, model_ids, stats)
+
+    def _read_graph_blocks(self, con, model_ids, blocks: dict, prepare, stats_key, spectra_key) -> None:
+        """One pass over the graphs of ``model_ids`` (a chunk at a time), prepared with ``prepare``:
+        the statistics block when missing, and the spectra block when ``spectra_key`` is not None."""
         from jobs.training.preparation import read_prepared
 
-        parts = []               # a chunk of graphs at a time: the descriptors need them, the features do not
+        want_stats = stats_key not in blocks
+        want_spectra = spectra_key is not None and spectra_key not in blocks
+        stats, spectra = [], []
         for start in range(0, len(model_ids), GRAPH_CHUNK):
             ids = list(model_ids[start:start + GRAPH_CHUNK])
             graphs = read_prepared(con, ids, prepare)
-            stats = statnn_features(con, ids) if prepare is None else statnn_features_of_graphs(graphs)
-            parts.append(self._with_spectra(stats, graphs))
-        stats = np.vstack(parts) if parts else self._with_spectra(statnn_features_of_graphs([]), [])
-        return self._with_shape(con, model_ids, stats)
+            if want_stats:
+                stats.append(statnn_features(con, ids) if prepare is None else statnn_features_of_graphs(graphs))
+            if want_spectra:
+                spectra.append(spectral_features_of_graphs(graphs, spectra_key[2]))
+        if want_stats:
+            blocks[stats_key] = np.vstack(stats) if stats else statnn_features_of_graphs([])
+        if want_spectra:
+            blocks[spectra_key] = np.vstack(spectra) if spectra else spectral_features_of_graphs([], spectra_key[2])
 
     def features_of_graphs(self, con, model_ids, graphs) -> np.ndarray:
         """The features of in-memory graphs of ``model_ids`` (e.g. rescaled copies: their statistics
@@ -206,6 +234,7 @@ class SpectralStatNN(StatNN):
     gradient boosting: the features ``--head-spectral`` gives a metanetwork's head, without the graph.
     A blend partner (jobs.predictors.stacking) and so one of the statistics a metanetwork must beat."""
     name = "statnn_spectral"
+    reads_spectra = True
 
     def settle(self, con, sel: Selection) -> dict:
         return {**super().settle(con, sel), "spectral": True}
@@ -224,7 +253,7 @@ class FlatMLP(TabularPredictor):
         values, counts = np.unique(shapes[sel.mask("train")], return_counts=True)
         return {"parameter_shapes": str(values[np.argmax(counts)]) if len(values) else None}
 
-    def features(self, con, model_ids):
+    def features(self, con, model_ids, blocks=None):
         ok = np.array(parameter_shapes(con, model_ids)) == self.settings.get("parameter_shapes")
         x = flat_weights(con, [m for m, keep in zip(model_ids, ok) if keep]).astype(np.float64)
         out = np.full((len(model_ids), x.shape[1] if len(x) else 0), np.nan)
@@ -252,7 +281,7 @@ def fit_all(con, sel: Selection, names: Sequence[str], seed: int = 0, prepare: d
     (``read_once``'s cache; e.g. the head statistics'), filled in as they are read."""
     from jobs.predictors import fitted_predictor
 
-    read = {} if read is None else read
+    read = feature_reads(names) if read is None else read
     out = {}
     for name in names:
         p = fitted_predictor(name, seed)
@@ -267,17 +296,37 @@ def fit_all(con, sel: Selection, names: Sequence[str], seed: int = 0, prepare: d
 def predict_all(con, predictors: Sequence[TabularPredictor], model_ids: Sequence[str]) -> list[np.ndarray]:
     """Each fitted predictor's predictions for ``model_ids`` (NaN where it does not apply); those
     that read the same features with the same settings read them once."""
-    read: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    read = FeatureReads()
     return [p.predict_features(*read_once(read, p, con, model_ids)) for p in predictors]
 
 
-def read_once(read: dict, p: TabularPredictor, con, model_ids) -> tuple[np.ndarray, np.ndarray]:
-    """``p``'s features of ``model_ids``, from ``read`` when a predictor of the same features and
-    settings already read them (no predictor changes the arrays it is given); one cache serves
-    one list of models."""
-    import json
+class FeatureReads(dict):
+    """What has been read of one list of models: each predictor's features (by its feature reader and
+    settings, ``read_once``) and the blocks they are made of (``StatNN.features``). ``spectra``: a
+    predictor of these models will want the spectral descriptors, so a pass over the graphs for
+    anything else reads them too (one pass over each preparation of the graphs per run)."""
 
+    def __init__(self, spectra: bool = False):
+        super().__init__()
+        self.spectra = spectra
+
+
+def feature_reads(names: Sequence[str], head_spectral: bool = False) -> FeatureReads:
+    """The cache for a run that fits the predictors ``names`` (jobs.predictors) and whose head reads
+    the spectra when ``head_spectral``."""
+    from jobs.predictors import entry, predictor_class
+
+    spectral = any(entry(n).family == "tabular" and predictor_class(n).reads_spectra for n in names)
+    return FeatureReads(spectra=spectral or head_spectral)
+
+
+def read_once(read: dict, p: TabularPredictor, con, model_ids) -> tuple[np.ndarray, np.ndarray]:
+    """``p``'s features of ``model_ids``, from ``read`` (a ``FeatureReads``) when a predictor of the same
+    features and settings already read them (no predictor changes the arrays it is given); one
+    cache serves one list of models."""
+    if not isinstance(read, FeatureReads):
+        raise TypeError("read_once caches in a FeatureReads")
     key = (type(p).features, json.dumps(p.settings, sort_keys=True))
     if key not in read:
-        read[key] = p.features(con, model_ids)
+        read[key] = p.features(con, model_ids, read)
     return read[key]

@@ -44,13 +44,13 @@ class HeadStatistics:
         feature cache shared with the blend's StatNN (jobs.predictors.tabular.read_once), which
         reads the same features with the same settings: every graph is prepared once. ``spectral``:
         the weight matrices' spectral descriptors (jobs.predictors.spectra) beside the statistics."""
-        from jobs.predictors.tabular import StatNN, read_once, settled
+        from jobs.predictors.tabular import FeatureReads, StatNN, read_once, settled
 
         reader = settled(StatNN(), con, sel, prepare)
         if spectral:
             reader.settings["spectral"] = True
         head = cls(dict(reader.settings))
-        x = read_once({} if read is None else read, reader, con, sel.model_ids)[0]
+        x = read_once(FeatureReads(spectral) if read is None else read, reader, con, sel.model_ids)[0]
         train = x[sel.mask("train")]
         finite = np.isfinite(train)
         for c in range(x.shape[1]):

@@ -24,7 +24,7 @@ from jobs.metanets.ngnn import NGGNNConfig
 from jobs.metanets.probes import check_probe_graph
 from jobs.predictors import entry, names as predictor_names
 from jobs.predictors.stacking import stack_with_statistics
-from jobs.predictors.tabular import fit_all
+from jobs.predictors.tabular import feature_reads, fit_all
 from jobs.training.artifacts import save_metanetwork
 from jobs.training.data import GraphStream, Selection, layer_stats, layer_stats_of_graphs, select_models
 from jobs.training.distributed import DistContext, barrier, broadcast, init_from_env, local_batch_size, shard
@@ -174,7 +174,9 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     if augment is not None:
         train_stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers,
                                    raw=bool(cfg.probes), prepare=train_prepare, augment=augment, seed=cfg.seed)
-    head, read = None, {}      # read: StatNN's features of the selection, shared by the head and the blend
+    # StatNN's features of the selection, shared by the head, the baselines and the blend: a pass over each
+    # preparation of the graphs reads every block any of them wants
+    head, read = None, feature_reads(predictor_names("tabular") if cfg.baselines else (), cfg.head_spectral)
     if pretrained is not None and pretrained.head is not None:    # the source's map: its inputs mean the same
         head = pretrained.head
         stream.side = train_stream.side = head.of_models(con, sel.model_ids)

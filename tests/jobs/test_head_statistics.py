@@ -109,16 +109,24 @@ def test_a_run_with_head_statistics_trains_saves_and_predicts_the_same(catalog_c
 
 def test_the_head_and_the_blend_read_each_models_statistics_once(catalog_copy, monkeypatch):
     """The head and the blend's StatNN read the same features of the same balanced graphs: one read
-    serves both (balancing every graph a second time would cost a pass over the zoo)."""
+    serves both, and one pass over each preparation of the graphs (plain, balanced) reads the
+    statistics and the spectral descriptors of every predictor that wants them (balancing every graph
+    a second time would cost a pass over the zoo)."""
+    import jobs.training.preparation as preparation
     from jobs.predictors.tabular import StatNN
 
-    reads, read = [], StatNN.features
+    reads, passes, read, read_prepared = [], [], StatNN.features, preparation.read_prepared
 
-    def counted(self, con, model_ids):
+    def counted(self, con, model_ids, blocks=None):
         reads.append(json.dumps(self.settings, sort_keys=True))
-        return read(self, con, model_ids)
+        return read(self, con, model_ids, blocks)
+
+    def counted_pass(con, ids, prepare=None, chunk=256):
+        passes.append((tuple(ids), prepare is None))
+        return read_prepared(con, ids, prepare, chunk)
 
     monkeypatch.setattr(StatNN, "features", counted)
+    monkeypatch.setattr(preparation, "read_prepared", counted_pass)
     report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", ensemble=1, epochs=1, batch_size=8,
                                                        hidden=16, edge_hidden=8, layers=1, patience=1),
                              progress=False)
@@ -127,6 +135,12 @@ def test_the_head_and_the_blend_read_each_models_statistics_once(catalog_copy, m
     # without the spectral descriptors (statnn_spectral, a partner): four reads, none repeated
     assert len(reads) == len(set(reads)) == 4 and sum('"balanced": true' in r for r in reads) == 2
     assert sum('"spectral": true' in r for r in reads) == 2
+    # ... from one pass over the selection's balanced graphs (the head, the balanced partners and their
+    # spectra) and one over its plain graphs for the features; the other plain pass is the trust gate's
+    # (the selection fits one chunk; a pass over the training models alone is the trust signal's)
+    whole = max(len(ids) for ids, _ in passes)
+    plain = [p for ids, p in passes if len(ids) == whole]
+    assert plain.count(False) == 1 and plain.count(True) == 2, passes
 
 
 def test_a_run_with_spectral_descriptors_reads_them_saves_and_predicts_the_same(catalog_copy):
