@@ -220,14 +220,15 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     fitted = fit_all(con, sel, predictor_names("tabular"), cfg.seed, read=read) if cfg.baselines else {}
     _score_tabular(task, sel, fitted, results, metrics)
     partners, invariant, gated = fitted, symmetry_preparation(cfg), {}
-    if cfg.stack and invariant and fitted:     # statistics of the same invariant graphs: the blend stays invariant
+    blends = cfg.stack and task.numeric        # a class is not a number: no blend, so no partners to fit for one
+    if blends and invariant and fitted:        # statistics of the same invariant graphs: the blend stays invariant
         balanced = fit_all(con, sel, [n for n in fitted if entry(n).stack], cfg.seed, prepare=invariant, read=read)
         if cfg.plain_statistics:       # ... for inputs outside the training models' own weight scales
             gate, trusted = TrustProfile.judged(con, sel.model_ids, sel.mask("train"))
             gated = {"fallback": balanced, "gate": gate, "trusted": trusted}
         else:
             partners = balanced
-    stack = stack_with_statistics(task, sel, cfg.model, pred, partners, **gated) if cfg.stack else None
+    stack = stack_with_statistics(task, sel, cfg.model, pred, partners, **gated) if blends else None
     answer = cfg.model
     if stack is not None:
         answer = stack.name
