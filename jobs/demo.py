@@ -50,14 +50,16 @@ def run_demo(workdir: str | Path = "demo", n: int = 160, epochs: int = 10, seed:
 
 
 def small_catalog(workdir: str | Path, kind: str = "cnn", n: int = 48, target: str = "test_accuracy",
-                  epochs: int = 10, seed: int = 0) -> tuple[Path, str]:
+                  epochs: int = 10, seed: int = 0, baselines: bool = True) -> tuple[Path, str]:
     """A small zoo made on the spot, ingested (with the embedded graph store) and trained on:
-    (catalog folder, run id). Reused when ``workdir`` already holds one for ``kind``/``target``."""
+    (catalog folder, run id). Reused when ``workdir`` already holds one for ``kind``/``target``.
+    ``baselines``: StatNN and the other tabular predictors beside the metanetwork (a notebook that
+    only reads the embeddings skips their validation grids)."""
     def train(catalog, store) -> str:
         # one small member, not the recipe's ensemble of 3: a notebook's 48-model zoo, trained in seconds
         return train_heterognn(catalog, TrainConfig(target=target, epochs=epochs, batch_size=8, hidden=32,
                                                     edge_hidden=16, layers=2, patience=epochs, seed=seed,
-                                                    ensemble=1),
+                                                    ensemble=1, baselines=baselines),
                                store=store, progress=False).run_id
 
     return made_catalog(workdir, kind, n, f"run-{kind}-{target}.txt", seed=seed, then=train)

@@ -26,7 +26,8 @@ def mlp_run(tmp_path_factory, catalog_dir):
     root = tmp_path_factory.mktemp("analytics") / "catalog"
     shutil.copytree(catalog_dir, root)
     report = train_heterognn(root, TrainConfig(target="dataset", where="zoo = 'mlp'", ensemble=1, epochs=12, batch_size=8,
-                                               hidden=32, edge_hidden=16, layers=2, patience=12), progress=False)
+                                               hidden=32, edge_hidden=16, layers=2, patience=12, baselines=False),
+                             progress=False)
     return root, report.run_id
 
 

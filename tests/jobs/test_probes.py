@@ -61,7 +61,7 @@ def test_probe_features_permute_with_the_neurons(mlp_zoo):
 
 def test_training_with_probes_and_refusal_on_cnns(catalog_copy):
     report = train_heterognn(catalog_copy, TrainConfig(target="dataset", where="zoo = 'mlp'", probes=4, ensemble=1, epochs=2,
-                                                      batch_size=8, hidden=16, edge_hidden=8, layers=2),
+                                                      batch_size=8, hidden=16, edge_hidden=8, layers=2, baselines=False),
                              progress=False)
     con = duck.connect(catalog_copy)
     hits = [h[0] for h in con.execute("SELECT p.predicted_label = m.dataset FROM predictions p JOIN models m "

@@ -200,7 +200,7 @@ def test_a_quasi_run_reports_its_overhead_and_reloads(catalog_copy):
     from jobs.training.predict import predict
     from graphstore.catalog import Catalog
 
-    report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", quasi=True, **FAST), progress=False)
+    report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", quasi=True, baselines=False, **FAST), progress=False)
     assert "quasi-equivariant scaling: +" in report.summary()
     models, meta = load_metanetwork(Catalog(catalog_copy), report.run_id)
     assert models[0].quasi is not None and meta.model.quasi is True

@@ -293,7 +293,7 @@ def test_the_saved_calibration_is_the_validation_fit_and_reaches_predict(tmp_pat
 
 
 def test_an_ensemble_averages_its_members(catalog_copy):
-    report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", **{**FAST, "ensemble": 2}), progress=False)
+    report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'cnn'", **{**FAST, "ensemble": 2}, baselines=False), progress=False)
     models, meta = load_metanetwork(Catalog(catalog_copy), report.run_id)
     assert len(models) == meta.members == 2
     assert {h["member"] for h in report.history} == {0, 1}
