@@ -136,6 +136,11 @@ class OptimConfig:
                                     "models' (what the weights' scales say about training is kept), and the balanced "
                                     "graphs for any other input (a rescaled copy gets an answer as invariant as the "
                                     "metanetwork's). --no-plain-statistics: balanced graphs for every input.")
+    residual: bool = option(False, "Regression with --stack: train the metanetwork on what statistics miss. Its "
+                            "targets are the models' targets minus the blend's statistics (the mean of the statistics "
+                            "predictors; out-of-fold on the training models, so that it never learns their fit to its "
+                            "own targets), and the answer is statistics + w * its prediction, w in 0, 0.1, ..., 1 "
+                            "chosen on validation (w = 0: statistics alone).")
 
     def schedule_for(self, train_models: int) -> tuple[int, int]:
         """(epochs, patience) of one member trained on ``train_models`` models: --epochs and --patience

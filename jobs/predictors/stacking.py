@@ -26,6 +26,11 @@ rescaled by a conversion tool, gets the fallback, which is as invariant as the m
 weights' own scales carry training-process signal that balancing removes (on the wild CNN zoo of
 seed 2, 0.017 of tau at 100 training models and 0.015 at 500), and a rescaled copy is exactly what
 the gate flags (docs/metanetworks.md).
+
+Residual (``TrainConfig.residual``): the metanetwork is trained on the targets minus the statistics
+(``statistics_base``: out-of-fold on the training models), so that it learns only what statistics
+miss; its prediction is then added to the statistics, and the blend is ``statistics + w * residual``
+(the same family of blends: ``w * (statistics + residual) + (1 - w) * statistics``).
 """
 from __future__ import annotations
 
@@ -75,6 +80,7 @@ class Stack:
     candidates: list[str] = field(default_factory=list)   # the partners considered (the name); default: partners
     fallback: "Stack | None" = None        # the blend with statistics of the run's balanced graphs, for inputs outside `gate`
     gate: TrustProfile | None = None       # the training models' own weight scales (read without preparation)
+    residual: bool = False                 # the metanetwork predicts the targets minus the statistics
 
     @property
     def name(self) -> str:
@@ -84,6 +90,8 @@ class Stack:
 
     @property
     def note(self) -> str:
+        if self.residual:
+            return self._residual_note()
         dropped = [c for c in self.candidates if c not in self.partners]
         prepared = sorted({k for p in self.predictors for k, v in (getattr(p, "settings", {}).get("prepare") or {}).items()
                            if v})
@@ -94,11 +102,22 @@ class Stack:
             return text
         return f"{text}; outside the training models' weight scales: {self.fallback.note}"
 
+    def _residual_note(self) -> str:
+        dropped = [c for c in self.candidates if c not in self.partners]
+        text = (f"mean({', '.join(self.partners)}) + {self.weight:g} x {self.metanetwork} trained on its "
+                f"residual, w chosen on val" + (f"; {', '.join(dropped)} left out (collapsed on val)" if dropped else ""))
+        if self.fallback is None:
+            return text
+        return f"{text}; outside the training models' weight scales: {self.fallback.note}"
+
     def apply(self, metanet: np.ndarray, partners: list[np.ndarray], trusted: np.ndarray | None = None,
               fallback: list[np.ndarray] | None = None) -> np.ndarray:
-        """The blend where every partner has an answer, the metanetwork alone elsewhere; with a
-        fallback, its blend (of ``fallback``, its partners' predictions) where ``trusted`` is False."""
+        """The blend where every partner has an answer, the metanetwork alone elsewhere (a residual
+        metanetwork: NaN there); with a fallback, its blend (of ``fallback``, its partners'
+        predictions) where ``trusted`` is False."""
         statistics = np.mean(partners, axis=0)
+        if self.residual:
+            metanet = statistics + np.asarray(metanet, float)
         out = np.where(np.isfinite(statistics), blend(metanet, statistics, self.weight), metanet)
         if self.fallback is None:
             return out
@@ -113,7 +132,10 @@ class Stack:
         if self.fallback is not None:
             trusted = self.gate.judge_catalog(con, model_ids)
             fallback = predict_all(con, self.fallback.predictors, model_ids)
-        return {self.name: self.apply(metanet, list(parts.values()), trusted, fallback), **parts}
+        out = {self.name: self.apply(metanet, list(parts.values()), trusted, fallback), **parts}
+        if self.residual:      # the metanetwork's own row: on top of the statistics it was trained against
+            out[self.metanetwork] = np.mean(list(parts.values()), axis=0) + metanet
+        return out
 
     def predict_graphs(self, con, model_ids, graphs, metanet: np.ndarray) -> np.ndarray:
         """The blend for in-memory graphs of ``model_ids`` (e.g. rescaled copies), given the
@@ -131,7 +153,7 @@ class Stack:
         from jobs.training.run_weights import predictor_files
 
         doc = {"format": STACK_FORMAT, "metanetwork": self.metanetwork, "partners": self.partners,
-               "weight": self.weight, "candidates": self.candidates or self.partners}
+               "weight": self.weight, "candidates": self.candidates or self.partners, "residual": self.residual}
         files = {}
         for name, p in zip(self.partners, self.predictors):
             files.update(predictor_files(f"stack-{name}", p))
@@ -144,30 +166,51 @@ class Stack:
         return {"stack.json": json.dumps(doc).encode(), **files}
 
 
+def blend_partners(task: Task, sel, fitted: dict) -> tuple[list[str], list[str]]:
+    """(the statistics predictors of ``fitted`` that read every selected model, those of them a blend
+    keeps: not collapsed on validation); nothing for a class target or without a validation split."""
+    from jobs.predictors import entry
+
+    val = sel.mask("val")
+    candidates = [n for n, (_, r) in fitted.items() if entry(n).stack and r.applicable.all()]
+    if not task.numeric or val.sum() < 2 or not candidates:
+        return [], []
+    return candidates, healthy(task, sel.targets[val], {n: fitted[n][1].predictions[val] for n in candidates})
+
+
+def statistics_base(task: Task, sel, fitted: dict, features) -> np.ndarray | None:
+    """What a residual metanetwork is trained against: the mean of the blend's statistics for every
+    selected model, each training model's from learners fitted without it (``out_of_fold``), or None
+    where a run would not blend. ``features(predictor)``: the features it was fitted on."""
+    _, partners = blend_partners(task, sel, fitted)
+    if not partners:
+        return None
+    return np.mean([fitted[n][0].out_of_fold(*features(fitted[n][0]), sel) for n in partners], axis=0)
+
+
 def stack_with_statistics(task: Task, sel, name: str, metanet: np.ndarray, fitted: dict,
                           fallback: dict | None = None, gate: TrustProfile | None = None,
-                          trusted: np.ndarray | None = None) -> Stack | None:
+                          trusted: np.ndarray | None = None, residual: bool = False) -> Stack | None:
     """The metanetwork ``name``'s predictions ``metanet`` blended with the mean of the fitted
     statistics predictors (``fitted``: jobs.predictors.tabular.fit_all); None for a class target, without a
     validation split, or when no statistics predictor reads every selected model. With ``fallback``
     (statistics of the run's balanced graphs, fitted likewise), ``gate`` and ``trusted`` (the gate's
     judgement of each selected model): a second blend of those, chosen on validation apart, for the
-    models outside the gate."""
-    from jobs.predictors import entry
-
+    models outside the gate. ``residual``: ``metanet`` predicts the targets minus the statistics."""
     val = sel.mask("val")
-    partners = [n for n, (_, r) in fitted.items() if entry(n).stack and r.applicable.all()]
-    if not task.numeric or val.sum() < 2 or not partners:
+    candidates, partners = blend_partners(task, sel, fitted)
+    if not partners:
         return None
-    candidates = partners
-    partners = healthy(task, sel.targets[val], {n: fitted[n][1].predictions[val] for n in partners})
     parts = [fitted[n][1].predictions for n in partners]
-    weight = choose_weight(task, sel.targets[val], metanet[val], np.mean(parts, axis=0)[val])
-    stack = Stack(name, partners, weight, [fitted[n][0] for n in partners], candidates=candidates)
+    statistics = np.mean(parts, axis=0)
+    full = statistics + metanet if residual else metanet
+    weight = choose_weight(task, sel.targets[val], full[val], statistics[val])
+    stack = Stack(name, partners, weight, [fitted[n][0] for n in partners], candidates=candidates,
+                  residual=residual)
     if fallback is None:
         stack.predictions = stack.apply(metanet, parts)
         return stack
-    stack.fallback = stack_with_statistics(task, sel, name, metanet, fallback)
+    stack.fallback = stack_with_statistics(task, sel, name, metanet, fallback, residual=residual)
     if stack.fallback is None:
         raise ValueError("the fallback statistics do not read every selected model")
     stack.gate = gate
@@ -188,11 +231,12 @@ def read_stack(catalog, run_id: str) -> Stack | None:
         if doc.get("format") != STACK_FORMAT:
             raise ValueError(f"not a {STACK_FORMAT} file")
         stack = Stack(str(doc["metanetwork"]), [str(p) for p in doc["partners"]], float(doc["weight"]),
-                      candidates=[str(p) for p in doc.get("candidates", doc["partners"])])
+                      candidates=[str(p) for p in doc.get("candidates", doc["partners"])],
+                      residual=bool(doc.get("residual", False)))
         if doc.get("fallback") is not None:       # runs saved before plain statistics where trusted: none
             fb = doc["fallback"]
             stack.fallback = Stack(stack.metanetwork, [str(p) for p in fb["partners"]], float(fb["weight"]),
-                                   candidates=[str(p) for p in fb["candidates"]])
+                                   candidates=[str(p) for p in fb["candidates"]], residual=stack.residual)
             stack.gate = TrustProfile.from_dict(doc["gate"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise JobError(f"cannot read the blend of run {run_id}: {exc}") from None

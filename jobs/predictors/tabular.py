@@ -16,6 +16,7 @@ jobs.predictors.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Sequence
@@ -29,6 +30,7 @@ from jobs.predictors.spectra import spectral_features_of_graphs
 from jobs.training.data import Selection
 
 MIN_TRAIN = 5               # fewer training models than this and a tabular predictor abstains
+OOF_FOLDS = 5               # parts of the training split for out-of-fold predictions (TabularPredictor.out_of_fold)
 GRAPH_CHUNK = 256           # graphs read at a time where features need them (jobs.predictors.spectra)
 
 
@@ -94,6 +96,24 @@ class TabularPredictor:
                                                               self.seed, self.grid)
         self._x, self._y = x[train][:, self.columns], sel.targets[train].astype(np.float64)
         return Prediction(self.name, self.predict_features(x, ok), ok, self.note())
+
+    @single_threaded
+    def out_of_fold(self, x: np.ndarray, ok: np.ndarray, sel: Selection, folds: int = OOF_FOLDS) -> np.ndarray:
+        """Predictions for ``sel``'s models (``x``, ``ok``: the features ``fit`` was given) in which each
+        training model's comes from a learner fitted without it (``folds`` parts by a hash of model_id;
+        the hyperparameters and columns ``fit`` chose), every other model's from the fitted learner:
+        what a model trained on this predictor's residuals may see, without its fit to their own targets."""
+        out = self.predict_features(x, ok)
+        train = np.flatnonzero(sel.mask("train") & ok)
+        part = np.array([int(hashlib.sha256(f"oof:{sel.model_ids[i]}".encode()).hexdigest()[:8], 16) % folds
+                         for i in train])
+        for k in range(folds):
+            held, kept = train[part == k], train[part != k]
+            if len(held) and len(kept) >= MIN_TRAIN:
+                est = fit_params(x[kept][:, self.columns], sel.targets[kept].astype(np.float64), self.task,
+                                 self.learner, self.params, self.seed)
+                out[held] = est.predict(x[held][:, self.columns])
+        return out
 
     def predict(self, con, model_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Predictions for ``model_ids`` (NaN where it does not apply) and the applicable mask."""

@@ -57,7 +57,8 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     kind = manifest.model.kind
     results = {kind: task.decode(out, manifest.scale)}
     if stack is not None:
-        results = {**stack.predict(con, sel.model_ids, results[kind]), **results}
+        blended = stack.predict(con, sel.model_ids, results[kind])     # a residual run's metanetwork row too
+        results = {**blended, **{k: v for k, v in results.items() if k not in blended}}
     flags = manifest.trust.judge_catalog(con, sel.model_ids) if manifest.trust is not None else None
     con.close()
     return _write_predictions(catalog, run_id, where, sel, results, emb, store, flags)

@@ -9,6 +9,7 @@ artifacts and the run's rows.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import asdict, fields
@@ -23,8 +24,8 @@ from jobs.metanets import build_metanetwork
 from jobs.metanets.ngnn import NGGNNConfig
 from jobs.metanets.probes import check_probe_graph
 from jobs.predictors import entry, names as predictor_names
-from jobs.predictors.stacking import stack_with_statistics
-from jobs.predictors.tabular import feature_reads, fit_all
+from jobs.predictors.stacking import stack_with_statistics, statistics_base
+from jobs.predictors.tabular import feature_reads, fit_all, read_once
 from jobs.training.artifacts import save_metanetwork
 from jobs.training.data import GraphStream, Selection, layer_stats, layer_stats_of_graphs, select_models
 from jobs.training.distributed import DistContext, barrier, broadcast, init_from_env, local_batch_size, shard
@@ -147,6 +148,9 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         raise JobError(f"--calibration {cfg.calibration!r}: one of {', '.join(CALIBRATIONS)}")
     if cfg.rank_weight < 0:
         raise JobError("--rank-weight must be >= 0")
+    if cfg.residual and not (cfg.stack and cfg.baselines and task.numeric):
+        raise JobError("--residual trains against the blend's statistics: it needs a numeric target, --stack and "
+                       "--baselines")
     cfg.rescale_test = tuple(float(m) for m in (cfg.rescale_test or ()))
     if cfg.canonical:      # two representatives of one orbit: the one asked for by name wins over the default
         cfg.balanced = False
@@ -185,7 +189,14 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         train_stream.side = stream.side
     train_idx = np.nonzero(sel.mask("train"))[0]
     val_idx = np.nonzero(sel.mask("val"))[0]
-    scale = task.fit_scale(sel.targets[train_idx])
+    statistics, base, fit_sel = None, None, sel
+    if cfg.residual:        # the metanetwork learns what the blend's statistics miss: they are fitted first
+        statistics = _statistics(con, sel, cfg, task, read)
+        base = statistics_base(task, sel, statistics[1], lambda p: read_once(read, p, con, sel.model_ids))
+        if base is None:
+            raise JobError("--residual needs a validation split and a statistics predictor that reads every model")
+        fit_sel = dataclasses.replace(sel, targets=sel.targets - base)
+    scale = task.fit_scale(fit_sel.targets[train_idx])
     mcfg = mcfg or metanet_config(cfg, sel.etypes, sel.frame, task.output_size(sel.classes),
                                   head.width if head else 0)
     try:
@@ -194,7 +205,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         raise JobError(f"--model {cfg.model}: {exc}") from None
     models, history, epochs_run = [], [], 0
     for k in range(cfg.ensemble):
-        model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, sel, stream, train_idx, val_idx, scale, device,
+        model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, fit_sel, stream, train_idx, val_idx, scale, device,
                                     progress, f"train NG-GNN {k + 1}/{cfg.ensemble}" if cfg.ensemble > 1 else "train NG-GNN",
                                     ctx, train_stream, pretrained.state_for(k) if pretrained is not None else None)
         models.append(model)
@@ -203,8 +214,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     all_idx = np.arange(len(sel.model_ids))
     out, emb = infer_ensemble(models, stream, all_idx, cfg.batch_size, device, task, ctx)
     if cfg.calibrate and len(val_idx):
-        scale = task.calibrate(out[val_idx], sel.targets[val_idx], scale, cfg.calibration)
-    pred = task.decode(out, scale)
+        scale = task.calibrate(out[val_idx], fit_sel.targets[val_idx], scale, cfg.calibration)
+    pred = task.decode(out, scale)        # with --residual: the targets minus the statistics
     test = sel.mask("test")
     results = {cfg.model: pred}
     metrics = {cfg.model: task.metrics(sel.targets[test], pred[test])}
@@ -217,19 +228,16 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         barrier(ctx)
         return RunReport(run_id, sel.task, sel.target, metrics, counts, time.perf_counter() - started, epochs_run,
                          history=history)
-    fitted = fit_all(con, sel, predictor_names("tabular"), cfg.seed, read=read) if cfg.baselines else {}
+    fitted, partners, gated = statistics or _statistics(con, sel, cfg, task, read)
     _score_tabular(task, sel, fitted, results, metrics)
-    partners, invariant, gated = fitted, symmetry_preparation(cfg), {}
-    blends = cfg.stack and task.numeric        # a class is not a number: no blend, so no partners to fit for one
-    if blends and invariant and fitted:        # statistics of the same invariant graphs: the blend stays invariant
-        balanced = fit_all(con, sel, [n for n in fitted if entry(n).stack], cfg.seed, prepare=invariant, read=read)
-        if cfg.plain_statistics:       # ... for inputs outside the training models' own weight scales
-            gate, trusted = TrustProfile.judged(con, sel.model_ids, sel.mask("train"))
-            gated = {"fallback": balanced, "gate": gate, "trusted": trusted}
-        else:
-            partners = balanced
-    stack = stack_with_statistics(task, sel, cfg.model, pred, partners, **gated) if blends else None
+    blends = cfg.stack and task.numeric        # a class is not a number: no blend
+    stack = (stack_with_statistics(task, sel, cfg.model, pred, partners, **gated, residual=base is not None)
+             if blends else None)
     answer = cfg.model
+    if base is not None:       # the metanetwork's own row: its residual on top of the (fitted) statistics
+        results[cfg.model] = np.mean([partners[n][1].predictions for n in stack.partners], axis=0) + pred
+        metrics[cfg.model] = {**task.metrics(sel.targets[test], results[cfg.model][test]),
+                              "note": "trained on the residual of " + ", ".join(stack.partners)}
     if stack is not None:
         answer = stack.name
         results = {answer: stack.predictions, **results}
@@ -246,6 +254,22 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     _write_back(report, catalog, store, sel, results[answer])
     barrier(ctx)
     return report
+
+
+def _statistics(con, sel: Selection, cfg: TrainConfig, task: Task, read) -> tuple[dict, dict, dict]:
+    """The tabular predictors fitted on the selection (``cfg.baselines``), the blend's partners among
+    them, and (balanced inputs with --plain-statistics) the fallback partners, gate and judgement
+    ``stack_with_statistics`` takes."""
+    fitted = fit_all(con, sel, predictor_names("tabular"), cfg.seed, read=read) if cfg.baselines else {}
+    partners, invariant, gated = fitted, symmetry_preparation(cfg), {}
+    if cfg.stack and task.numeric and invariant and fitted:   # statistics of the same invariant graphs: the blend stays invariant
+        balanced = fit_all(con, sel, [n for n in fitted if entry(n).stack], cfg.seed, prepare=invariant, read=read)
+        if cfg.plain_statistics:       # ... for inputs outside the training models' own weight scales
+            gate, trusted = TrustProfile.judged(con, sel.model_ids, sel.mask("train"))
+            gated = {"fallback": balanced, "gate": gate, "trusted": trusted}
+        else:
+            partners = balanced
+    return fitted, partners, gated
 
 
 def train_fitted(catalog: Catalog, cfg: TrainConfig, store=None) -> RunReport:
