@@ -2,6 +2,8 @@
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from jobs.config import TrainConfig
@@ -42,8 +44,13 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     task = task_named(sel.task)
     out, _ = infer_ensemble(models, listed, np.arange(len(ids)), cfg.batch_size, device, task)
     pred = task.decode(out, scale)
-    metrics = {cfg.model + tag: task.metrics(y, pred)}
-    if stack is not None and all(hasattr(p, "features_of_graphs") for p in stack.predictors):
+    readable = stack is not None and all(hasattr(p, "features_of_graphs") for p in stack.predictors)
+    own = pred
+    if readable and stack.residual:      # a residual metanetwork's row: on top of the copies' statistics (w = 1)
+        own = replace(stack, weight=1.0, fallback=stack.fallback and replace(stack.fallback, weight=1.0)
+                      ).predict_graphs(con, ids, graphs, pred)
+    metrics = {cfg.model + tag: task.metrics(y, own)}
+    if readable:
         metrics[stack.name + tag] = task.metrics(y, stack.predict_graphs(con, ids, graphs, pred))
     if trust is not None:       # how many copies `jobs predict` would flag (the clean test models: beside)
         flagged = int((~trust.judge_graphs(con, ids, graphs)).sum())
