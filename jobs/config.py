@@ -140,7 +140,8 @@ class OptimConfig:
                             "targets are the models' targets minus the blend's statistics (the mean of the statistics "
                             "predictors; out-of-fold on the training models, so that it never learns their fit to its "
                             "own targets), and the answer is statistics + w * its prediction, w in 0, 0.1, ..., 1 "
-                            "chosen on validation (w = 0: statistics alone).")
+                            "chosen on validation (w = 0: statistics alone). Off: measured behind the recipe's blend "
+                            "on the development zoos (docs/metanetworks.md).")
 
     def schedule_for(self, train_models: int) -> tuple[int, int]:
         """(epochs, patience) of one member trained on ``train_models`` models: --epochs and --patience

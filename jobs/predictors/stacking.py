@@ -13,7 +13,11 @@ its blend kept within 0.005 of NG-GNN where NG-GNN was ahead (docs/accuracy.md).
 a learner that has collapsed is left out of the mean. A partner whose validation score is more
 than ``COLLAPSED`` below the best partner's is dropped: where the learners are level (every
 development fold) that never happens, and where one learner fails outright (StatNN's MLP on some
-zoos written by other code) the mean would carry its failure into the answer. All inputs are on
+zoos written by other code) the mean would carry its failure into the answer. The threshold was 0.1
+until the wild zoo of seed 3 (development) showed plain StatNN 0.13 behind StatNN with spectral
+descriptors at 250 training models, kept in the mean at 0.1: re-scored offline on the development
+folds, 0.05 moved the answer +0.017 [+0.011, +0.024] there and left the fixed zoo's 500-model folds
+unchanged (docs/metanetworks.md). All inputs are on
 the target's scale (the metanetwork calibrated, StatNN clipped to the training range), so the
 blend is too. Regression only: a class is not a number.
 
@@ -43,7 +47,7 @@ from jobs.training.tasks import Task
 from jobs.training.trust import TrustProfile
 
 WEIGHTS = np.round(np.linspace(0.0, 1.0, 11), 2)
-COLLAPSED = 0.1          # validation score (Kendall tau for regression) this far below the best partner's: dropped
+COLLAPSED = 0.05         # validation score (Kendall tau for regression) this far below the best partner's: dropped
 STACK_FORMAT = "zoograph.stack/1"
 
 
