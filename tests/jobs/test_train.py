@@ -163,6 +163,31 @@ def test_bench_blend_statistics_gives_a_default_run_back_its_own_answer(trained)
     assert not np.allclose(gated, balanced)          # the plain statistics moved the trusted models' answers
 
 
+def test_bench_blend_threshold_rebuilds_a_saved_answer_at_the_runs_threshold(trained):
+    """benchmarks/bench_blend_threshold.py re-blends a saved run at several collapse thresholds: at
+    the value the run used it gives back the run's own answer for every model; a threshold that keeps
+    only the best partner on validation gives a different one whenever the run kept more."""
+    import sys
+    from pathlib import Path
+
+    from jobs.predictors.stacking import COLLAPSED, read_stack
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_blend_statistics
+    import bench_blend_threshold
+
+    root, report = trained
+    con = duck.connect(root)
+    (run_id, config, method), = bench_blend_statistics.saved_runs(con)
+    scores = bench_blend_threshold.rebuild(con, Catalog(root), run_id, config, method, [COLLAPSED, 0.0])
+    con.close()
+    np.testing.assert_allclose(scores["rebuilt"][COLLAPSED], scores["saved"], rtol=1e-9)
+    import jobs.predictors.stacking as stacking
+    assert stacking.COLLAPSED == COLLAPSED                # the module's threshold is restored
+    if len(read_stack(Catalog(root), run_id).partners) > 1:
+        assert not np.allclose(scores["rebuilt"][0.0], scores["saved"])
+
+
 def test_classification_of_the_training_dataset(catalog_copy):
     from graphstore.metadata import open_store
     from graphstore.sync import sync_store
