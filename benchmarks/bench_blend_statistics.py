@@ -56,18 +56,10 @@ def rescore(con, run_id: str, cfg: dict, method: str, catalog=None) -> dict | No
     from jobs.training.tasks import task_named
     from jobs.training.trust import TrustProfile
 
-    rows = con.execute("SELECT p.model_id, p.split, p.method, p.predicted, m.test_accuracy FROM predictions p "
-                       "JOIN models m USING (model_id) WHERE p.run_id = ?", [run_id]).fetchall()
-    by: dict[str, dict[str, float]] = defaultdict(dict)
-    split, target = {}, {}
-    for model_id, s, m, p, y in rows:
-        by[m][model_id] = np.nan if p is None else p
-        split[model_id], target[model_id] = s, y
     metanet, partners = cfg["model"], method.split("+")[1:]     # the run's own partners (its answer's name)
+    by, ids, sel = saved_rows(con, run_id)
     if not all(m in by for m in (metanet, method, *partners)):
         return None
-    ids = sorted(split)
-    sel = _Selection(ids, np.array([split[i] for i in ids]), np.array([target[i] for i in ids], float))
     fitted = {n: (None, Prediction(n, np.array([by[n][i] for i in ids], float),
                                    np.isfinite([by[n][i] for i in ids]))) for n in partners}
     task = task_named("regression")
@@ -92,6 +84,28 @@ def rescore(con, run_id: str, cfg: dict, method: str, catalog=None) -> dict | No
     return out
 
 
+def not_catalogs(paths) -> bool:
+    """Say on stderr which of ``paths`` are not catalogs; True if any is not."""
+    bad = [p for p in paths if not (Path(p) / "parts").exists()]
+    for p in bad:
+        print(f"{p}: not a catalog", file=sys.stderr)
+    return bool(bad)
+
+
+def saved_rows(con, run_id: str) -> tuple[dict[str, dict[str, float]], list[str], "_Selection"]:
+    """One run's predictions by method and model_id (NaN where it gave none), its model_ids sorted,
+    and their splits and targets as a selection ``stack_with_statistics`` reads."""
+    rows = con.execute("SELECT p.model_id, p.split, p.method, p.predicted, m.test_accuracy FROM predictions p "
+                       "JOIN models m USING (model_id) WHERE p.run_id = ?", [run_id]).fetchall()
+    by: dict[str, dict[str, float]] = defaultdict(dict)
+    split, target = {}, {}
+    for model_id, s, m, p, y in rows:
+        by[m][model_id] = np.nan if p is None else p
+        split[model_id], target[model_id] = s, y
+    ids = sorted(split)
+    return by, ids, _Selection(ids, np.array([split[i] for i in ids]), np.array([target[i] for i in ids], float))
+
+
 class _Selection:
     """What ``stack_with_statistics`` reads of a jobs.training.data.Selection, from a saved run."""
 
@@ -111,10 +125,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("catalogs", nargs="+", type=Path, help="catalogs holding benchmark runs")
     args = ap.parse_args(argv)
+    if not_catalogs(args.catalogs):
+        return 2
     for cat in args.catalogs:
-        if not (cat / "parts").exists():
-            print(f"{cat}: not a catalog", file=sys.stderr)
-            return 2
         con = duck.connect(cat)
         groups: dict[tuple, dict[int, dict]] = defaultdict(dict)
         for run_id, cfg, method in saved_runs(con):      # the first run of each fold (a benchmark may repeat one)

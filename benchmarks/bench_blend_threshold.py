@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_blend_statistics import _Selection, saved_runs
+from bench_blend_statistics import not_catalogs, saved_rows, saved_runs
 
 
 def rebuild(con, catalog, run_id: str, cfg: dict, method: str, thresholds) -> dict | None:
@@ -37,18 +37,10 @@ def rebuild(con, catalog, run_id: str, cfg: dict, method: str, thresholds) -> di
     from jobs.training.tasks import task_named
     from jobs.training.trust import TrustProfile
 
-    rows = con.execute("SELECT p.model_id, p.split, p.method, p.predicted, m.test_accuracy FROM predictions p "
-                       "JOIN models m USING (model_id) WHERE p.run_id = ?", [run_id]).fetchall()
-    by: dict[str, dict[str, float]] = defaultdict(dict)
-    split, target = {}, {}
-    for model_id, s, m, p, y in rows:
-        by[m][model_id] = np.nan if p is None else p
-        split[model_id], target[model_id] = s, y
     metanet, partners = cfg["model"], method.split("+")[1:]
+    by, ids, sel = saved_rows(con, run_id)
     if not all(m in by for m in (metanet, method, *partners)):
         return None
-    ids = sorted(split)
-    sel = _Selection(ids, np.array([split[i] for i in ids]), np.array([target[i] for i in ids], float))
 
     def column(name):
         return np.array([by[name][i] for i in ids], float)
@@ -99,10 +91,9 @@ def main(argv=None) -> int:
         ap.error(f"--thresholds takes numbers, e.g. 0.1,0.05; got {args.thresholds!r}")
     if len(thresholds) < 2 or any(t < 0 for t in thresholds):
         ap.error("--thresholds takes at least two values >= 0")
+    if not_catalogs(args.catalogs):
+        return 2
     for cat in args.catalogs:
-        if not (cat / "parts").exists():
-            print(f"{cat}: not a catalog", file=sys.stderr)
-            return 2
         con = duck.connect(cat)
         groups: dict[tuple, dict[int, dict]] = defaultdict(dict)
         for run_id, cfg, method in saved_runs(con):          # the latest run of each fold

@@ -94,22 +94,16 @@ class Stack:
 
     @property
     def note(self) -> str:
+        dropped = [c for c in self.candidates if c not in self.partners]
         if self.residual:
-            return self._residual_note()
-        dropped = [c for c in self.candidates if c not in self.partners]
-        prepared = sorted({k for p in self.predictors for k, v in (getattr(p, "settings", {}).get("prepare") or {}).items()
-                           if v})
-        text = (f"{self.weight:g} x {self.metanetwork} + {1 - self.weight:g} x mean({', '.join(self.partners)}"
-                + (f" of {', '.join(prepared)} graphs" if prepared else "") + "), w chosen on val"
-                + (f"; {', '.join(dropped)} left out (collapsed on val)" if dropped else ""))
-        if self.fallback is None:
-            return text
-        return f"{text}; outside the training models' weight scales: {self.fallback.note}"
-
-    def _residual_note(self) -> str:
-        dropped = [c for c in self.candidates if c not in self.partners]
-        text = (f"mean({', '.join(self.partners)}) + {self.weight:g} x {self.metanetwork} trained on its "
-                f"residual, w chosen on val" + (f"; {', '.join(dropped)} left out (collapsed on val)" if dropped else ""))
+            text = (f"mean({', '.join(self.partners)}) + {self.weight:g} x {self.metanetwork} trained on its "
+                    "residual, w chosen on val")
+        else:
+            prepared = sorted({k for p in self.predictors
+                               for k, v in (getattr(p, "settings", {}).get("prepare") or {}).items() if v})
+            text = (f"{self.weight:g} x {self.metanetwork} + {1 - self.weight:g} x mean({', '.join(self.partners)}"
+                    + (f" of {', '.join(prepared)} graphs" if prepared else "") + "), w chosen on val")
+        text += f"; {', '.join(dropped)} left out (collapsed on val)" if dropped else ""
         if self.fallback is None:
             return text
         return f"{text}; outside the training models' weight scales: {self.fallback.note}"
