@@ -131,9 +131,15 @@ class Stack:
             trusted = self.gate.judge_catalog(con, model_ids)
             fallback = predict_all(con, self.fallback.predictors, model_ids)
         out = {self.name: self.apply(metanet, list(parts.values()), trusted, fallback), **parts}
-        if self.residual:      # the metanetwork's own row: on top of the statistics it was trained against
-            out[self.metanetwork] = np.mean(list(parts.values()), axis=0) + metanet
+        if self.residual:
+            out[self.metanetwork] = self.residual_row(metanet, list(parts.values()))
         return out
+
+    @staticmethod
+    def residual_row(metanet: np.ndarray, partners: list[np.ndarray]) -> np.ndarray:
+        """A residual metanetwork's own row: its prediction on top of the mean of its partners' (the
+        statistics it was trained against)."""
+        return np.mean(partners, axis=0) + np.asarray(metanet, float)
 
     def predict_graphs(self, con, model_ids, graphs, metanet: np.ndarray) -> np.ndarray:
         """The blend for in-memory graphs of ``model_ids`` (e.g. rescaled copies), given the

@@ -16,7 +16,6 @@ jobs.predictors.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Sequence
@@ -27,7 +26,7 @@ from jobs.predictors.baselines import (FLAT_GRID, INDEX_COLUMNS, fit_params, fit
                                       parameter_shapes, shape_features, single_threaded, statnn_features,
                                       statnn_features_of_graphs)
 from jobs.predictors.spectra import spectral_features_of_graphs
-from jobs.training.data import Selection
+from jobs.training.data import Selection, hash_unit
 
 MIN_TRAIN = 5               # fewer training models than this and a tabular predictor abstains
 OOF_FOLDS = 5               # parts of the training split for out-of-fold predictions (TabularPredictor.out_of_fold)
@@ -105,8 +104,7 @@ class TabularPredictor:
         what a model trained on this predictor's residuals may see, without its fit to their own targets."""
         out = self.predict_features(x, ok)
         train = np.flatnonzero(sel.mask("train") & ok)
-        part = np.array([int(hashlib.sha256(f"oof:{sel.model_ids[i]}".encode()).hexdigest()[:8], 16) % folds
-                         for i in train])
+        part = np.array([int(hash_unit("oof:", sel.model_ids[i]) * folds) for i in train], dtype=np.int64)
         for k in range(folds):
             held, kept = train[part == k], train[part != k]
             if len(held) and len(kept) >= MIN_TRAIN:

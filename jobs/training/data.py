@@ -28,13 +28,14 @@ from zoocore.errors import JobError, QueryRefused, ZooGraphError
 SPLITS = ("train", "val", "test")
 
 
-def _unit(salt: str, model_id: str) -> float:
+def hash_unit(salt: str, model_id: str) -> float:
+    """A number in [0, 1) fixed by ``model_id`` (and ``salt``): how every split here is drawn."""
     return int(hashlib.sha256((salt + model_id).encode()).hexdigest()[:12], 16) / float(16 ** 12)
 
 
 def hash_split(model_id: str, fractions: tuple[float, float] = (0.7, 0.15)) -> str:
     """Deterministic split from the model_id: a model keeps its split across runs."""
-    u = _unit("split:", model_id)
+    u = hash_unit("split:", model_id)
     return "train" if u < fractions[0] else "val" if u < fractions[0] + fractions[1] else "test"
 
 
@@ -44,9 +45,9 @@ def fold_split(model_id: str, folds: int, fold: int, val_fraction: float = 0.15)
     same in every fold) is validation, the rest training. Deterministic, like ``hash_split``."""
     if folds < 2 or not 0 <= fold < folds:
         raise JobError(f"--fold must be in 0..{folds - 1} of --folds {folds} (at least 2 folds)")
-    if int(_unit("fold:", model_id) * folds) == fold:
+    if int(hash_unit("fold:", model_id) * folds) == fold:
         return "test"
-    return "val" if _unit("val:", model_id) < val_fraction else "train"
+    return "val" if hash_unit("val:", model_id) < val_fraction else "train"
 
 
 @dataclass

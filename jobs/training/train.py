@@ -235,7 +235,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
              if blends else None)
     answer = cfg.model
     if base is not None:       # the metanetwork's own row: its residual on top of the (fitted) statistics
-        results[cfg.model] = np.mean([partners[n][1].predictions for n in stack.partners], axis=0) + pred
+        results[cfg.model] = stack.residual_row(pred, [partners[n][1].predictions for n in stack.partners])
         metrics[cfg.model] = {**task.metrics(sel.targets[test], results[cfg.model][test]),
                               "note": "trained on the residual of " + ", ".join(stack.partners)}
     if stack is not None:
