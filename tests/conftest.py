@@ -18,7 +18,9 @@ MLP_ZOO_SIZE = 48
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 # The fast tier (`pytest -m "not slow"`, a few minutes) leaves out every test that trains a zoo or
-# a metanetwork or starts Neo4j; those carry the ``slow`` marker, given here by what they use.
+# a metanetwork or starts Neo4j; those carry the ``slow`` marker, given here by what they use. Tests
+# that race real processes on a timer (Ctrl-C after seconds, writers paused and killed) mark
+# themselves.
 SLOW_FIXTURES = {"cnn_zoo", "mlp_zoo", "neo4j_server"}
 
 

@@ -97,6 +97,7 @@ def _models(cat) -> set[tuple[str, str]]:
         con.close()
 
 
+@pytest.mark.slow  # real ingest processes, paused and killed mid-write
 def test_a_paused_writer_survives_a_second_ingest_and_commits(tmp_path, zoos):
     first, second = zoos
     cat = tmp_path / "cat"
@@ -122,6 +123,7 @@ def test_a_paused_writer_survives_a_second_ingest_and_commits(tmp_path, zoos):
     assert _models(cat) == _names(first) | _names(second)
 
 
+@pytest.mark.slow  # real ingest processes, paused and killed mid-write
 def test_a_killed_writers_folder_is_cleaned_by_the_next_ingest(tmp_path, zoos):
     first, second = zoos
     cat = tmp_path / "cat"

@@ -73,6 +73,7 @@ def _interrupt(cmd: list[str], wait: float) -> subprocess.CompletedProcess:
     return press_ctrl_c(cmd, env, wait)[0]
 
 
+@pytest.mark.slow  # a real process, interrupted after 6 s of running
 def test_ctrl_c_stops_a_query_with_one_line_and_exit_130(small_catalog):
     res = _interrupt([sys.executable, "-m", "pipeline.cli", "sql", ENDLESS_SQL, "--timeout", "0",
                       "--catalog", str(small_catalog)], wait=6)
@@ -92,6 +93,7 @@ def test_cypher_timeout_on_ladybug(small_catalog):
     assert ok.exit_code == 0 and ok.output.split() == ["two", "2"], ok.output
 
 
+@pytest.mark.slow  # a real process, interrupted after 6 s of running
 def test_cypher_ctrl_c_on_ladybug(small_catalog):
     env_free = [sys.executable, "-m", "graphstore.cli", "cypher", SLOW_CYPHER, "--timeout", "0",
                 "--catalog", str(small_catalog)]

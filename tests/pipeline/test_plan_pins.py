@@ -6,7 +6,7 @@ of architectures are pinned to the values main computed before operations became
 change here would orphan old catalogs. The cases cover every operation kind: the zoo kinds (read
 from their specs and traced), concatenations, shuffles, gates, layer scale, layer norm, attention
 (nn.MultiheadAttention, the fused encoder layer), embeddings, class tokens and positions; the slow
-test adds torchvision and Hugging Face models.
+test adds the windowed attention (Swin, Swin v2, MaxViT), torchvision and Hugging Face models.
 """
 import hashlib
 
@@ -46,6 +46,10 @@ def _module_cases():
     yield "mha", SelfAttention, lambda: torch.randn(2, 5, 4)
     yield "encoder", lambda: Encoder(False), lambda: torch.randint(0, 20, (2, 5))
     yield "encoder-norm-first", lambda: Encoder(True), lambda: torch.randint(0, 20, (2, 5))
+
+
+def _windowed_cases():
+    """The windowed-attention cases take two seconds each to trace, so they run in the slow test."""
     yield "swin", tiny_swin, lambda: torch.randn(2, 3, 8, 8)
     yield "swin-v2", tiny_swin_v2, lambda: torch.randn(2, 3, 8, 8)
     yield "maxvit", tiny_maxvit, lambda: torch.randn(2, 3, 16, 16)
@@ -65,6 +69,9 @@ def current_pins(slow: bool = False) -> dict[str, tuple[str, str]]:
             torch.manual_seed(0)
             out[name] = _digest(plan_from_module(make(), example()))
         return out
+    for name, make, example in _windowed_cases():
+        torch.manual_seed(0)
+        out[name] = _digest(plan_from_module(make(), example()))
     import torchvision
     for name in ("resnet18", "mobilenet_v3_small", "squeezenet1_1", "shufflenet_v2_x0_5"):
         model = getattr(torchvision.models, name)(weights=None)
@@ -91,7 +98,6 @@ PINS = {'cnn-0/spec': ('26bf74d260858146', '31d41272cff9b7d3'),
  'fire': ('2fbe4c3a2f776e59', '710d7fcf0dbdd11c'),
  'inr-0/spec': ('698cd5b39cb131df', '07a82430b21971ce'),
  'inr-0/traced': ('698cd5b39cb131df', '07a82430b21971ce'),
- 'maxvit': ('bfd251962156590b', 'f011dd2e7327a04e'),
  'mha': ('ff5b28412edb729e', 'eaf8eacf52b0f50b'),
  'mlp-0/spec': ('c104e22f0309643d', '7807fc6588b8f519'),
  'mlp-0/traced': ('c104e22f0309643d', '7807fc6588b8f519'),
@@ -100,11 +106,12 @@ PINS = {'cnn-0/spec': ('26bf74d260858146', '31d41272cff9b7d3'),
  'se_hardsigmoid': ('f7f1d4e99cd553eb', 'fcf4de71f9c14995'),
  'se_sigmoid': ('c093cc6cf2694b1f', '60e44fc3a10b26bc'),
  'shuffle': ('0bcdd6ff98cb5a07', 'a78f410a8ad5d4aa'),
- 'swin': ('1178d180fe655978', '6b1aff2a933f9139'),
- 'swin-v2': ('497b017d61caf241', '8c2b4a76ca4aa7d6'),
  'vit': ('ed8c18296a612e01', 'ba99df7832069919')}
 
-SLOW_PINS = {'hf-bert': ('34cef3ab30e52df0', '7f981a81b8f72c40'),
+SLOW_PINS = {'swin-v2': ('497b017d61caf241', '8c2b4a76ca4aa7d6'),
+ 'swin': ('1178d180fe655978', '6b1aff2a933f9139'),
+ 'maxvit': ('bfd251962156590b', 'f011dd2e7327a04e'),
+ 'hf-bert': ('34cef3ab30e52df0', '7f981a81b8f72c40'),
  'hf-gpt2': ('e03e7c6937c50a36', 'fab8ea198cd82068'),
  'hf-vit': ('8f07c86d8b3cff46', '481c0ddbc391fbcc'),
  'mobilenet_v3_small': ('286a41d34dc1f4d2', '994ec9911898ca54'),
