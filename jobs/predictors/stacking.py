@@ -48,12 +48,31 @@ from jobs.training.trust import TrustProfile
 
 WEIGHTS = np.round(np.linspace(0.0, 1.0, 11), 2)
 COLLAPSED = 0.05         # validation score (Kendall tau for regression) this far below the best partner's: dropped
+WEIGHT_RULE = "grid"     # how choose_weight reads validation: one of WEIGHT_RULES
+WEIGHT_RULES = ("grid", "bagged", "even")
+BAGS = 100               # bootstrap resamples of the "bagged" rule
 STACK_FORMAT = "zoograph.stack/1"
 
 
 def choose_weight(task: Task, y: np.ndarray, metanet: np.ndarray, statistics: np.ndarray) -> float:
-    """The metanetwork's weight with the best validation score (of ``y``); on a tie the one
-    nearest 0.5, the even blend."""
+    """The metanetwork's weight by ``WEIGHT_RULE``: ``"grid"``, the best on validation
+    (``best_weight``); ``"bagged"``, the mean of the best on ``BAGS`` bootstrap resamples of the
+    validation models (drawn with a fixed seed), rounded to 0.01; ``"even"``, 0.5."""
+    if WEIGHT_RULE == "even":
+        return 0.5
+    if WEIGHT_RULE == "bagged":
+        rng = np.random.default_rng(0)
+        picks = [best_weight(task, y[i], metanet[i], statistics[i])
+                 for i in (rng.integers(0, len(y), len(y)) for _ in range(BAGS))]
+        return float(np.round(np.mean(picks), 2))
+    if WEIGHT_RULE != "grid":
+        raise ValueError(f"unknown weight rule {WEIGHT_RULE!r}; rules: {', '.join(WEIGHT_RULES)}")
+    return best_weight(task, y, metanet, statistics)
+
+
+def best_weight(task: Task, y: np.ndarray, metanet: np.ndarray, statistics: np.ndarray) -> float:
+    """The weight in ``WEIGHTS`` with the best score of ``y``; on a tie the one nearest 0.5, the
+    even blend."""
     scores = [task.score(task.metrics(y, blend(metanet, statistics, w))) for w in WEIGHTS]
     scores = np.nan_to_num(np.asarray(scores, float), nan=-np.inf)
     best = np.flatnonzero(scores >= scores.max() - 1e-12)

@@ -236,8 +236,9 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     answer = cfg.model
     if base is not None:       # the metanetwork's own row: its residual on top of the (fitted) statistics
         results[cfg.model] = stack.residual_row(pred, [partners[n][1].predictions for n in stack.partners])
+        notes = [metrics[cfg.model].get("note"), "trained on the residual of " + ", ".join(stack.partners)]
         metrics[cfg.model] = {**task.metrics(sel.targets[test], results[cfg.model][test]),
-                              "note": "trained on the residual of " + ", ".join(stack.partners)}
+                              "note": "; ".join(n for n in notes if n)}
     if stack is not None:
         answer = stack.name
         results = {answer: stack.predictions, **results}

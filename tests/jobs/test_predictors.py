@@ -134,6 +134,33 @@ def test_a_collapsed_statistics_learner_is_left_out_of_the_blend():
     assert healthy(task, y, {"statnn_mlp": noise}) == ["statnn_mlp"]          # never empty
 
 
+def test_the_blend_weight_rules_read_validation_as_documented(monkeypatch):
+    """grid: the best weight on validation (1 for a metanetwork that is right where statistics are
+    noise, 0 the other way round); bagged: the mean of the best on bootstrap resamples, the same on
+    every call, at a clear winner the grid's and between the ends where two partners are level;
+    even: 0.5; any other rule is refused by name."""
+    import jobs.predictors.stacking as stacking
+    from jobs.training.tasks import task_named
+
+    rng = np.random.default_rng(1)
+    task = task_named("regression")
+    y = rng.uniform(0.1, 0.9, 120)
+    right, noise = y + rng.normal(0, 0.02, 120), rng.uniform(0, 1, 120)
+    one, other = y + rng.normal(0, 0.1, 120), y + rng.normal(0, 0.1, 120)
+    assert stacking.choose_weight(task, y, right, noise) == 1.0
+    assert stacking.choose_weight(task, y, noise, right) == 0.0
+    monkeypatch.setattr(stacking, "WEIGHT_RULE", "bagged")
+    assert stacking.choose_weight(task, y, right, noise) == 1.0
+    bagged = stacking.choose_weight(task, y, one, other)
+    assert 0.2 < bagged < 0.8 and bagged == stacking.choose_weight(task, y, one, other)
+    assert bagged not in stacking.WEIGHTS            # a mean of picks, not a point of the grid
+    monkeypatch.setattr(stacking, "WEIGHT_RULE", "even")
+    assert stacking.choose_weight(task, y, right, noise) == 0.5
+    monkeypatch.setattr(stacking, "WEIGHT_RULE", "best")
+    with pytest.raises(ValueError, match="unknown weight rule 'best'"):
+        stacking.choose_weight(task, y, right, noise)
+
+
 def test_nfn_trains_as_a_run_and_predict_rebuilds_it(catalog_copy):
     """`--model nfn_hnp` is a run like `--model statnn`: NFN on the commonest parameter shape of the
     selection (NaN elsewhere), saved as JSON plus safetensors, and `jobs predict` rebuilds the

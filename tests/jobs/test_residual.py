@@ -45,7 +45,9 @@ def test_out_of_fold_predictions_never_saw_their_own_targets():
 
 
 def test_a_residual_run_adds_its_metanetwork_to_statistics_and_predict_rebuilds_it(catalog_copy):
-    report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'mlp'", residual=True, **FAST), progress=False)
+    """With the quasi-equivariant layer too: the metanetwork's row keeps both notes."""
+    report = train_heterognn(catalog_copy, TrainConfig(where="zoo = 'mlp'", residual=True, quasi=True, **FAST),
+                             progress=False)
     catalog = Catalog(catalog_copy)
     saved = json.loads(catalog.read_artifact(report.run_id, "stack.json"))
     assert saved["residual"] is True and saved["fallback"]
@@ -53,6 +55,7 @@ def test_a_residual_run_adds_its_metanetwork_to_statistics_and_predict_rebuilds_
     assert stack.residual and stack.fallback.residual
     answer = stack.name
     assert answer in report.metrics and "residual" in report.metrics[answer]["note"]
+    assert "quasi-equivariant scaling" in report.metrics["ngnn"]["note"]
     assert "trained on the residual of" in report.metrics["ngnn"]["note"]
     con = duck.connect(catalog_copy)
     rows = {m: _rows(con, report.run_id, m) for m in (answer, "ngnn", *stack.partners)}

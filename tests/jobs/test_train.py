@@ -163,29 +163,41 @@ def test_bench_blend_statistics_gives_a_default_run_back_its_own_answer(trained)
     assert not np.allclose(gated, balanced)          # the plain statistics moved the trusted models' answers
 
 
-def test_bench_blend_threshold_rebuilds_a_saved_answer_at_the_runs_threshold(trained):
-    """benchmarks/bench_blend_threshold.py re-blends a saved run at several collapse thresholds: at
-    the value the run used it gives back the run's own answer for every model; a threshold that keeps
-    only the best partner on validation gives a different one whenever the run kept more."""
+def test_bench_blend_rules_rebuilds_a_saved_answer_with_the_runs_settings(trained):
+    """benchmarks/bench_blend_rules.py re-blends a saved run under several settings of the blend: with
+    the ones the run used it gives back the run's own answer for every model, and the module's
+    settings are restored; a threshold that keeps only the best partner on validation, or an even
+    weight where the run chose another, gives a different answer."""
     import sys
     from pathlib import Path
 
-    from jobs.predictors.stacking import COLLAPSED, read_stack
+    import jobs.predictors.stacking as stacking
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_blend_rules
     import bench_blend_statistics
-    import bench_blend_threshold
 
     root, report = trained
+    before = (stacking.COLLAPSED, stacking.WEIGHT_RULE)
     con = duck.connect(root)
     (run_id, config, method), = bench_blend_statistics.saved_runs(con)
-    scores = bench_blend_threshold.rebuild(con, Catalog(root), run_id, config, method, [COLLAPSED, 0.0])
+    variants = [bench_blend_rules.variant(v) for v in (f"COLLAPSED={stacking.COLLAPSED}", "COLLAPSED=0",
+                                                       "WEIGHT_RULE=even", "WEIGHT_RULE=bagged")]
+    scores = bench_blend_rules.rebuild(con, Catalog(root), run_id, config, method, variants)
     con.close()
-    np.testing.assert_allclose(scores["rebuilt"][COLLAPSED], scores["saved"], rtol=1e-9)
-    import jobs.predictors.stacking as stacking
-    assert stacking.COLLAPSED == COLLAPSED                # the module's threshold is restored
-    if len(read_stack(Catalog(root), run_id).partners) > 1:
-        assert not np.allclose(scores["rebuilt"][0.0], scores["saved"])
+    today, only_best, even, bagged = (scores["rebuilt"][v] for v in variants)
+    np.testing.assert_allclose(today, scores["saved"], rtol=1e-9)
+    assert (stacking.COLLAPSED, stacking.WEIGHT_RULE) == before           # the module's settings are restored
+    saved = stacking.read_stack(Catalog(root), run_id)
+    if len(saved.partners) > 1:
+        assert not np.allclose(only_best, scores["saved"])
+    if saved.weight != 0.5:
+        assert not np.allclose(even, scores["saved"])
+    assert np.isfinite(bagged).all()
+    with pytest.raises(ValueError, match="WEIGHT_RULE is one of grid, bagged, even"):
+        bench_blend_rules.variant("WEIGHT_RULE=best")
+    with pytest.raises(ValueError, match="SETTING=VALUE"):
+        bench_blend_rules.variant("THRESHOLD=0.1")
 
 
 def test_classification_of_the_training_dataset(catalog_copy):

@@ -1,20 +1,22 @@
-"""The blend's collapse threshold, re-scored on saved runs: the answer as today's code builds it with
-``jobs.predictors.stacking.COLLAPSED`` at each of several values, paired on the same test models.
+"""The blend's rules, re-scored on saved runs: the answer as today's code builds it with each of
+several settings of ``jobs.predictors.stacking`` (``COLLAPSED``, the collapse threshold;
+``WEIGHT_RULE``, how the metanetwork's weight is read from validation), paired on the same test
+models.
 
 No training. For every metanetwork run with a blend that a catalog holds (3-fold benchmark runs),
-each threshold rebuilds the run's answer through ``stack_with_statistics``, the code runs use: the
+each variant rebuilds the run's answer through ``stack_with_statistics``, the code runs use: the
 partners kept (those within the threshold of the best on validation), the weight chosen on
 validation, plain statistics where the gate trusts the input and the saved fallback's (its partners
-refitted) elsewhere. The first threshold given is the baseline; with it at the value the run used,
-the rebuilt answer is the saved one. Per catalog, recipe (metanetwork, training size, members, the
-answer's partners) and threshold it prints mean test tau over the folds, the paired difference to
-the strongest statistics (a partner or their mean) and to the first threshold, with bootstrap 95%
-intervals (test models resampled within each fold).
+refitted) elsewhere. A variant sets one setting over today's defaults; the first given is the
+baseline. With the settings a run used, the rebuilt answer is the saved one. Per catalog, recipe
+(metanetwork, training size, members, the answer's partners) and variant it prints mean test tau
+over the folds, the paired difference to the strongest statistics (a partner or their mean) and to
+the first variant, with bootstrap 95% intervals (test models resampled within each fold).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_blend_threshold.py /tmp/zoograph-bench/catalog-blind-wild_cnn-1500-3 --thresholds 0.1,0.05
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_blend_rules.py /tmp/zoograph-bench/catalog-blind-wild_cnn-1500-3 --variants WEIGHT_RULE=grid,WEIGHT_RULE=bagged
 
-The thresholds, like any lever, are chosen on development zoos; blind zoos' runs are re-scored for
-the report only.
+Rules, like any lever, are chosen on development zoos; blind zoos' runs are re-scored for the
+report only.
 """
 from __future__ import annotations
 
@@ -28,10 +30,33 @@ import numpy as np
 from bench_blend_statistics import not_catalogs, saved_rows, saved_runs
 
 
-def rebuild(con, catalog, run_id: str, cfg: dict, method: str, thresholds) -> dict | None:
-    """``{"y": test targets, "answers": {threshold: test answers}, "statistics": {name: test
-    predictions}, "saved": the saved answer for every model, "rebuilt": {threshold: answer for every
-    model}}`` of one saved run, or None when its rows lack a partner."""
+SETTINGS = {"COLLAPSED": float, "WEIGHT_RULE": str}     # what a variant may set, and how its value is read
+
+
+def variant(text: str) -> tuple[str, object]:
+    """``"COLLAPSED=0.1"`` -> ``("COLLAPSED", 0.1)``; ValueError names what is wrong."""
+    import jobs.predictors.stacking as stacking
+
+    name, eq, value = text.partition("=")
+    if not eq or name not in SETTINGS:
+        raise ValueError(f"a variant is SETTING=VALUE with SETTING one of {', '.join(SETTINGS)}; got {text!r}")
+    value = SETTINGS[name](value)
+    if name == "COLLAPSED" and not value >= 0:
+        raise ValueError(f"COLLAPSED takes a number >= 0; got {text!r}")
+    if name == "WEIGHT_RULE" and value not in stacking.WEIGHT_RULES:
+        raise ValueError(f"WEIGHT_RULE is one of {', '.join(stacking.WEIGHT_RULES)}; got {text!r}")
+    return name, value
+
+
+def label(v: tuple[str, object]) -> str:
+    return f"{v[0]}={v[1]:g}" if isinstance(v[1], float) else f"{v[0]}={v[1]}"
+
+
+def rebuild(con, catalog, run_id: str, cfg: dict, method: str, variants) -> dict | None:
+    """``{"y": test targets, "answers": {variant: test answers}, "statistics": {name: test
+    predictions}, "saved": the saved answer for every model, "rebuilt": {variant: answer for every
+    model}}`` of one saved run, or None when its rows lack a partner. ``variants``: (setting, value)
+    pairs (``variant``), each set alone over today's defaults."""
     import jobs.predictors.stacking as stacking
     from jobs.predictors.tabular import Prediction, predict_all
     from jobs.training.tasks import task_named
@@ -56,17 +81,17 @@ def rebuild(con, catalog, run_id: str, cfg: dict, method: str, thresholds) -> di
         _, trusted = TrustProfile.judged(con, ids, sel.mask("train"))
     task, metanetwork = task_named("regression"), column(metanet)
     rebuilt = {}
-    default = stacking.COLLAPSED
-    try:
-        for threshold in thresholds:
-            stacking.COLLAPSED = threshold
+    for setting, value in variants:
+        default = getattr(stacking, setting)
+        setattr(stacking, setting, value)
+        try:
             answer = stacking.stack_with_statistics(task, sel, metanet, metanetwork, plain).predictions
             if fallback is not None:
                 answer = np.where(trusted, answer,
                                   stacking.stack_with_statistics(task, sel, metanet, metanetwork, fallback).predictions)
-            rebuilt[threshold] = answer
-    finally:
-        stacking.COLLAPSED = default
+        finally:
+            setattr(stacking, setting, default)
+        rebuilt[(setting, value)] = answer
     test = sel.mask("test")
     statistics = {n: column(n)[test] for n in partners}
     statistics["statnn_avg"] = np.mean([column(n) for n in partners], axis=0)[test]
@@ -81,16 +106,18 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("catalogs", nargs="+", type=Path, help="catalogs holding 3-fold benchmark runs")
-    ap.add_argument("--thresholds", default="0.1,0.05",
-                    help="comma-separated values of COLLAPSED; the first is the baseline (default 0.1,0.05)")
+    ap.add_argument("--variants", default="COLLAPSED=0.1,COLLAPSED=0.05",
+                    help="comma-separated SETTING=VALUE, each set alone over today's defaults; the first is the "
+                         f"baseline. Settings: COLLAPSED (a number >= 0), WEIGHT_RULE (grid, bagged, even). "
+                         "Default: COLLAPSED=0.1,COLLAPSED=0.05")
     ap.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples")
     args = ap.parse_args(argv)
     try:
-        thresholds = [float(t) for t in args.thresholds.split(",") if t]
-    except ValueError:
-        ap.error(f"--thresholds takes numbers, e.g. 0.1,0.05; got {args.thresholds!r}")
-    if len(thresholds) < 2 or any(t < 0 for t in thresholds):
-        ap.error("--thresholds takes at least two values >= 0")
+        variants = [variant(v) for v in args.variants.split(",") if v]
+    except ValueError as exc:
+        ap.error(str(exc))
+    if len(variants) < 2:
+        ap.error("--variants takes at least two, e.g. WEIGHT_RULE=grid,WEIGHT_RULE=bagged")
     if not_catalogs(args.catalogs):
         return 2
     for cat in args.catalogs:
@@ -99,7 +126,7 @@ def main(argv=None) -> int:
         for run_id, cfg, method in saved_runs(con):          # the latest run of each fold
             if cfg.get("residual") or not cfg.get("folds"):
                 continue
-            scores = rebuild(con, Catalog(cat), run_id, cfg, method, thresholds)
+            scores = rebuild(con, Catalog(cat), run_id, cfg, method, variants)
             if scores is not None:
                 key = (cfg["model"], cfg.get("train_size") or 0, cfg.get("ensemble", 1), method.count("+"))
                 groups[key][cfg.get("fold")] = scores
@@ -113,16 +140,17 @@ def main(argv=None) -> int:
             strongest = [r["statistics"][best] for r in runs]
             print(f"  {model} @ {size or 'all'} train, {members} member(s), {partners} partners, {len(runs)} folds; "
                   f"strongest statistics {best} {np.mean([kendall_tau(a, b) for a, b in zip(y, strongest)]):.3f}")
-            base = [r["answers"][thresholds[0]] for r in runs]
-            for t in thresholds:
-                answers = [r["answers"][t] for r in runs]
+            base = [r["answers"][variants[0]] for r in runs]
+            width = max(len(label(v)) for v in variants)
+            for v in variants:
+                answers = [r["answers"][v] for r in runs]
                 tau = np.mean([kendall_tau(a, b) for a, b in zip(y, answers)])
                 vs = paired_bootstrap(y, answers, strongest, args.resamples)
-                line = (f"    COLLAPSED={t:<5g} answer {tau:.3f}   vs {best}: {vs.mean:+.3f} [{vs.low:+.3f}, "
+                line = (f"    {label(v):<{width}}  answer {tau:.3f}   vs {best}: {vs.mean:+.3f} [{vs.low:+.3f}, "
                         f"{vs.high:+.3f}]")
-                if t != thresholds[0]:
+                if v != variants[0]:
                     d = paired_bootstrap(y, answers, base, args.resamples)
-                    line += f"   vs COLLAPSED={thresholds[0]:g}: {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+                    line += f"   vs {label(variants[0])}: {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
                 print(line, flush=True)
     return 0
 
