@@ -163,7 +163,7 @@ class StatNN(TabularPredictor):
                 # (dev zoo cnn-fixed, 3 folds: 0.583 without them, 0.556 with); learners drop empty columns
                 "index_only": len(set(parameter_shapes(con, sel.model_ids))) == 1}
 
-    def features(self, con, model_ids, blocks: dict | None = None):
+    def features(self, con, model_ids, blocks: "FeatureReads | None" = None):
         """``blocks``: a ``FeatureReads`` of these models (``read_once`` passes its own), whose blocks
         (statistics and spectra, by preparation) are read at most once: one pass over the graphs
         reads every block a pass can, including the spectra when the cache says they will be wanted."""
@@ -181,7 +181,7 @@ class StatNN(TabularPredictor):
         stats = np.hstack([stats, blocks[spectra_key]]) if spectral else stats.copy()
         return self._with_shape(con, model_ids, stats)
 
-    def _read_graph_blocks(self, con, model_ids, blocks: dict, prepare, stats_key, spectra_key) -> None:
+    def _read_graph_blocks(self, con, model_ids, blocks: "FeatureReads", prepare, stats_key, spectra_key) -> None:
         """One pass over the graphs of ``model_ids`` (a chunk at a time), prepared with ``prepare``:
         the statistics block when missing, and the spectra block when ``spectra_key`` is not None."""
         from jobs.training.preparation import read_prepared
