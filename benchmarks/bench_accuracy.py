@@ -274,7 +274,7 @@ def main(argv=None) -> None:
     # quick mode trains one metanetwork per fold, not the recipe's ensemble of 3, to stay under 20 minutes
     lever = {**({} if args.full else {"ensemble": 1}), **overrides(args.lever)}
     versus = overrides(args.versus)
-    tag = "[" + ",".join(f"{k}={v}" for k, v in versus.items()) + "]"
+    tag = "[" + ",".join(f"{k}={'+'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in versus.items()) + "]"
     peer_names = [p for p in args.peers.split(",") if p]
     if lever:
         print("recipe levers: " + ", ".join(f"{k}={v}" for k, v in lever.items()), flush=True)

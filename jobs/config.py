@@ -111,6 +111,13 @@ class OptimConfig:
     rank_weight: float = option(3.0, "Regression: add W times a pairwise ranking loss (RankNet's, over the pairs of "
                                 "each batch) to the squared error; 0 = squared error alone.",
                                 type=click.FloatRange(min=0.0), metavar="W")
+    aux_targets: tuple[str, ...] = option((), "Regression: also train the metanetwork to predict this numeric "
+                                          "models column of its training models (e.g. train_accuracy, lr), "
+                                          "rank-transformed to a standard normal; only the target is predicted "
+                                          "and scored. More supervision per model for small zoos. Repeat for "
+                                          "several.", type=str, metavar="COLUMN")
+    aux_weight: float = option(0.5, "With --aux-targets: weight of their squared error beside the target's loss.",
+                               type=click.FloatRange(min=0.0), metavar="W")
     calibrate: bool = option(True, "Regression: map the predictions through a * p + b fitted on the validation "
                              "split (a > 0: Kendall tau is unchanged; R^2 and MAE improve); saved with the run.")
     calibration: str = option("monotone", "With --calibrate: linear (a * p + b) or monotone (that line, then an "

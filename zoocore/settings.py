@@ -32,6 +32,9 @@ def _name(t: type | str) -> str:
 
 
 def _typed(pair: str, key: str, value: str, kind: str) -> Any:
+    if kind.startswith("tuple["):        # tuple[float, ...]: comma-separated items of the first type
+        inner = kind[len("tuple["):].split(",")[0].strip()
+        return tuple(_typed(pair, key, v.strip(), inner) for v in value.split(",") if v.strip())
     try:
         if kind == "int":
             return int(value)

@@ -87,6 +87,40 @@ def _columns(con) -> dict[str, str]:
     return {r[0]: r[1] for r in con.execute("DESCRIBE models").fetchall()}
 
 
+def auxiliary_targets(con, sel: Selection, columns: Sequence[str]) -> np.ndarray:
+    """``(models, len(columns))``: each numeric ``models`` column of ``columns`` for the training models
+    of ``sel``, mapped through its ranks among them to a standard normal (``Phi^-1((rank - 0.5) / n)``,
+    ties averaged), so that a column spread over decades (a learning rate) weighs like any other; NaN
+    for every other model and every missing value. Names are checked against the catalog's columns."""
+    from scipy.special import ndtri
+    from scipy.stats import rankdata
+
+    cols = _columns(con)
+    for c in columns:
+        if c not in cols:
+            raise JobError(f"--aux-targets: models has no column {c!r}; columns: {', '.join(sorted(cols))}")
+        if task_for_column(cols[c]) != "regression":
+            raise JobError(f"--aux-targets: {c!r} is {cols[c]}, not a number")
+        if c == sel.target:
+            raise JobError(f"--aux-targets: {c!r} is the target itself")
+    out = np.full((len(sel.model_ids), len(columns)), np.nan)
+    if not columns:
+        return out
+    cur = con.cursor()
+    ids_table(cur, sel.model_ids)
+    picked = ", ".join(f'CAST("{c}" AS DOUBLE)' for c in columns)
+    rows = {r[0]: r[1:] for r in cur.execute(f"SELECT model_id, {picked} FROM models JOIN _ids USING (model_id)"
+                                             ).fetchall()}
+    cur.close()
+    train = np.flatnonzero(sel.mask("train"))
+    for j in range(len(columns)):
+        values = np.array([rows[sel.model_ids[i]][j] for i in train], dtype=float)
+        ok = np.isfinite(values)
+        if ok.sum() >= 2:
+            out[train[ok], j] = ndtri((rankdata(values[ok]) - 0.5) / ok.sum())
+    return out
+
+
 def select_models(con, target: str | None, where: str | None = None, task: str = "auto",
                   split_column: str | None = None, classes: Sequence[str] | None = None,
                   require_target: bool = True, catalog=None, folds: tuple[int, int] | None = None) -> Selection:

@@ -27,7 +27,8 @@ from jobs.predictors import entry, names as predictor_names
 from jobs.predictors.stacking import stack_with_statistics, statistics_base
 from jobs.predictors.tabular import feature_reads, fit_all, read_once
 from jobs.training.artifacts import save_metanetwork
-from jobs.training.data import GraphStream, Selection, layer_stats, layer_stats_of_graphs, select_models
+from jobs.training.data import (GraphStream, Selection, auxiliary_targets, layer_stats, layer_stats_of_graphs,
+                                select_models)
 from jobs.training.distributed import DistContext, barrier, broadcast, init_from_env, local_batch_size, shard
 from jobs.training.head_statistics import HeadStatistics
 from jobs.training.inference import apply, infer, infer_ensemble
@@ -62,11 +63,13 @@ class PredictionObjective:
 
     def __init__(self, task: Task, cfg: TrainConfig, sel: Selection, stream: GraphStream,
                  train_stream: GraphStream, train_idx, val_idx, scale: TargetScale, device, ctx: DistContext,
-                 seed: int):
+                 seed: int, aux: np.ndarray | None = None):
         self.task, self.cfg, self.sel, self.stream, self.train_stream = task, cfg, sel, stream, train_stream
         self.train_idx, self.val_idx, self.scale, self.device, self.ctx, self.seed = (
             train_idx, val_idx, scale, device, ctx, seed)
         self.loss_fn = task.loss(cfg.rank_weight)
+        self.width = task.output_size(sel.classes)      # the target's outputs; any after them: --aux-targets
+        self.aux = None if aux is None or not aux.shape[1] else torch.tensor(aux, dtype=torch.float32)
 
     def batches(self, epoch: int):
         local = shard(self.train_idx, self.ctx, seed=self.seed + epoch)
@@ -78,7 +81,13 @@ class PredictionObjective:
     def loss(self, model, batch):
         idx, graphs = batch
         out, _ = apply(model, self.train_stream, idx, graphs, self.device)
-        return self.loss_fn(out, self.task.encode(self.sel.targets[idx], self.scale, self.device)), len(idx)
+        loss = self.loss_fn(out[:, :self.width], self.task.encode(self.sel.targets[idx], self.scale, self.device))
+        if self.aux is not None:          # each auxiliary target's squared error, where the model has a value
+            aux = self.aux[torch.as_tensor(idx)].to(self.device)
+            known = torch.isfinite(aux)
+            if bool(known.any()):
+                loss = loss + self.cfg.aux_weight * ((out[:, self.width:] - aux.nan_to_num())[known] ** 2).mean()
+        return loss, len(idx)
 
     def score(self, model) -> float:
         idx = self.val_idx if len(self.val_idx) >= 2 else self.train_idx
@@ -88,13 +97,14 @@ class PredictionObjective:
 
 def _fit_one(mcfg: NGGNNConfig, cfg: TrainConfig, seed: int, sel: Selection, stream: GraphStream, train_idx, val_idx,
              scale: TargetScale, device, progress: bool, desc: str, ctx: DistContext,
-             train_stream: GraphStream | None = None, init: dict | None = None):
+             train_stream: GraphStream | None = None, init: dict | None = None, aux: np.ndarray | None = None):
     """Train one metanetwork on the shared loop (jobs.training.loop) with early stopping on the
     validation split (data-parallel under torchrun: this rank's shard of every global batch,
     gradients all-reduced). Training batches come from ``train_stream`` (e.g. augmented) when
-    given, validation from ``stream``; ``init``: a state dict to start from (--init-from)."""
+    given, validation from ``stream``; ``init``: a state dict to start from (--init-from); ``aux``: the
+    auxiliary targets of every selected model (``auxiliary_targets``), learnt beside the target."""
     objective = PredictionObjective(task_named(sel.task), cfg, sel, stream, train_stream or stream, train_idx,
-                                    val_idx, scale, device, ctx, seed)
+                                    val_idx, scale, device, ctx, seed, aux)
     torch.manual_seed(seed)
     model = build_metanetwork(mcfg)
     if init is not None:
@@ -148,6 +158,12 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
         raise JobError(f"--calibration {cfg.calibration!r}: one of {', '.join(CALIBRATIONS)}")
     if cfg.rank_weight < 0:
         raise JobError("--rank-weight must be >= 0")
+    cfg.aux_targets = tuple(cfg.aux_targets or ())
+    if cfg.aux_targets and not task.numeric:
+        raise JobError("--aux-targets are learnt beside a numeric target; the target here is a class")
+    if cfg.aux_targets and cfg.init_from:
+        raise JobError("--aux-targets widen the metanetwork's output; a run started --init-from keeps its source's")
+    aux = auxiliary_targets(con, sel, cfg.aux_targets)
     if cfg.residual and not (cfg.stack and cfg.baselines and task.numeric):
         raise JobError("--residual trains against the blend's statistics: it needs a numeric target, --stack and "
                        "--baselines")
@@ -197,7 +213,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
             raise JobError("--residual needs a validation split and a statistics predictor that reads every model")
         fit_sel = dataclasses.replace(sel, targets=sel.targets - base)
     scale = task.fit_scale(fit_sel.targets[train_idx])
-    mcfg = mcfg or metanet_config(cfg, sel.etypes, sel.frame, task.output_size(sel.classes),
+    mcfg = mcfg or metanet_config(cfg, sel.etypes, sel.frame, task.output_size(sel.classes) + len(cfg.aux_targets),
                                   head.width if head else 0)
     try:
         build_metanetwork(mcfg)        # hyperparameters that do not fit together (NG-T: --hidden 10 --heads 4)
@@ -207,7 +223,8 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     for k in range(cfg.ensemble):
         model, hist, ran = _fit_one(mcfg, cfg, cfg.seed + k, fit_sel, stream, train_idx, val_idx, scale, device,
                                     progress, f"train NG-GNN {k + 1}/{cfg.ensemble}" if cfg.ensemble > 1 else "train NG-GNN",
-                                    ctx, train_stream, pretrained.state_for(k) if pretrained is not None else None)
+                                    ctx, train_stream, pretrained.state_for(k) if pretrained is not None else None,
+                                    aux)
         models.append(model)
         history += [dict(h, member=k) for h in hist]
         epochs_run = max(epochs_run, ran)
