@@ -114,8 +114,10 @@ class OptimConfig:
     aux_targets: tuple[str, ...] = option((), "Regression: also train the metanetwork to predict this numeric "
                                           "models column of its training models (e.g. train_accuracy, lr), "
                                           "rank-transformed to a standard normal; only the target is predicted "
-                                          "and scored. More supervision per model for small zoos. Repeat for "
-                                          "several.", type=str, metavar="COLUMN")
+                                          "and scored. More supervision per model for small zoos; measured level "
+                                          "with the recipe on the development fixed CNN zoo, so off by default "
+                                          "(docs/metanetworks.md). Repeat for several.", type=str,
+                                          metavar="COLUMN")
     aux_weight: float = option(0.5, "With --aux-targets: weight of their squared error beside the target's loss.",
                                type=click.FloatRange(min=0.0), metavar="W")
     calibrate: bool = option(True, "Regression: map the predictions through a * p + b fitted on the validation "
