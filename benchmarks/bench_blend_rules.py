@@ -30,17 +30,16 @@ import numpy as np
 from bench_blend_statistics import not_catalogs, saved_rows, saved_runs
 
 
-SETTINGS = {"COLLAPSED": float, "WEIGHT_RULE": str}     # what a variant may set, and how its value is read
+SETTINGS = {"COLLAPSED": "float", "WEIGHT_RULE": "str"}     # what a variant may set, and how its value is read
 
 
 def variant(text: str) -> tuple[str, object]:
-    """``"COLLAPSED=0.1"`` -> ``("COLLAPSED", 0.1)``; ValueError names what is wrong."""
+    """``"COLLAPSED=0.1"`` -> ``("COLLAPSED", 0.1)``, read by the project's KEY=VALUE parser
+    (zoocore.settings); ValueError names what is wrong."""
     import jobs.predictors.stacking as stacking
+    from zoocore.settings import typed_pairs
 
-    name, eq, value = text.partition("=")
-    if not eq or name not in SETTINGS:
-        raise ValueError(f"a variant is SETTING=VALUE with SETTING one of {', '.join(SETTINGS)}; got {text!r}")
-    value = SETTINGS[name](value)
+    (name, value), = typed_pairs([text], SETTINGS, "a variant").items()
     if name == "COLLAPSED" and not value >= 0:
         raise ValueError(f"COLLAPSED takes a number >= 0; got {text!r}")
     if name == "WEIGHT_RULE" and value not in stacking.WEIGHT_RULES:

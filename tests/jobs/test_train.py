@@ -196,7 +196,7 @@ def test_bench_blend_rules_rebuilds_a_saved_answer_with_the_runs_settings(traine
     assert np.isfinite(bagged).all()
     with pytest.raises(ValueError, match="WEIGHT_RULE is one of grid, bagged, even"):
         bench_blend_rules.variant("WEIGHT_RULE=best")
-    with pytest.raises(ValueError, match="SETTING=VALUE"):
+    with pytest.raises(ValueError, match="KEY=VALUE with KEY one of: COLLAPSED, WEIGHT_RULE"):
         bench_blend_rules.variant("THRESHOLD=0.1")
 
 

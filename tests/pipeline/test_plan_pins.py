@@ -55,6 +55,15 @@ def _windowed_cases():
     yield "maxvit", tiny_maxvit, lambda: torch.randn(2, 3, 16, 16)
 
 
+def _traced(cases) -> dict[str, tuple[str, str]]:
+    """(plan JSON digest, signature) of each module case, traced from seed 0."""
+    out = {}
+    for name, make, example in cases:
+        torch.manual_seed(0)
+        out[name] = _digest(plan_from_module(make(), example()))
+    return out
+
+
 def current_pins(slow: bool = False) -> dict[str, tuple[str, str]]:
     """(plan JSON digest, signature) per case, as this checkout computes them."""
     out = {}
@@ -65,13 +74,8 @@ def current_pins(slow: bool = False) -> dict[str, tuple[str, str]]:
             if from_spec is not None:
                 out[f"{name}/spec"] = _digest(from_spec)
             out[f"{name}/traced"] = _digest(plan_from_module(net, example_input(spec)))
-        for name, make, example in _module_cases():
-            torch.manual_seed(0)
-            out[name] = _digest(plan_from_module(make(), example()))
-        return out
-    for name, make, example in _windowed_cases():
-        torch.manual_seed(0)
-        out[name] = _digest(plan_from_module(make(), example()))
+        return {**out, **_traced(_module_cases())}
+    out.update(_traced(_windowed_cases()))
     import torchvision
     for name in ("resnet18", "mobilenet_v3_small", "squeezenet1_1", "shufflenet_v2_x0_5"):
         model = getattr(torchvision.models, name)(weights=None)
