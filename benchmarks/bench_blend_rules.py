@@ -1,7 +1,7 @@
 """The blend's rules, re-scored on saved runs: the answer as today's code builds it with each of
 several settings of ``jobs.predictors.stacking`` (``COLLAPSED``, the collapse threshold;
-``WEIGHT_RULE``, how the metanetwork's weight is read from validation), paired on the same test
-models.
+``WEIGHT_RULE``, how the metanetwork's weight is read from validation; ``CALIBRATION``, the blend's
+recalibration on validation), paired on the same test models.
 
 No training. For every metanetwork run with a blend that a catalog holds (3-fold benchmark runs),
 each variant rebuilds the run's answer through ``stack_with_statistics``, the code runs use: the
@@ -11,7 +11,9 @@ refitted) elsewhere. A variant sets one setting over today's defaults; the first
 baseline. With the settings a run used, the rebuilt answer is the saved one. Per catalog, recipe
 (metanetwork, training size, members, the answer's partners) and variant it prints mean test tau
 over the folds, the paired difference to the strongest statistics (a partner or their mean) and to
-the first variant, with bootstrap 95% intervals (test models resampled within each fold).
+the first variant, with bootstrap 95% intervals (test models resampled within each fold); then the
+mean test R^2 and MAE, and the MAE's paired difference to the strongest statistics' and to the
+first variant's (negative: lower error).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_blend_rules.py /tmp/zoograph-bench/catalog-blind-wild_cnn-1500-3 --variants WEIGHT_RULE=grid,WEIGHT_RULE=bagged
 
@@ -30,7 +32,7 @@ import numpy as np
 from bench_blend_statistics import not_catalogs, saved_rows, saved_runs
 
 
-SETTINGS = {"COLLAPSED": "float", "WEIGHT_RULE": "str"}     # what a variant may set, and how its value is read
+SETTINGS = {"COLLAPSED": "float", "WEIGHT_RULE": "str", "CALIBRATION": "str"}     # what a variant may set, and how its value is read
 
 
 def variant(text: str) -> tuple[str, object]:
@@ -44,6 +46,8 @@ def variant(text: str) -> tuple[str, object]:
         raise ValueError(f"COLLAPSED takes a number >= 0; got {text!r}")
     if name == "WEIGHT_RULE" and value not in stacking.WEIGHT_RULES:
         raise ValueError(f"WEIGHT_RULE is one of {', '.join(stacking.WEIGHT_RULES)}; got {text!r}")
+    if name == "CALIBRATION" and value not in stacking.CALIBRATIONS:
+        raise ValueError(f"CALIBRATION is one of {', '.join(stacking.CALIBRATIONS)}; got {text!r}")
     return name, value
 
 
@@ -101,13 +105,16 @@ def rebuild(con, catalog, run_id: str, cfg: dict, method: str, variants) -> dict
 def main(argv=None) -> int:
     from graphstore import duck
     from graphstore.catalog import Catalog
+    from sklearn.metrics import mean_absolute_error, r2_score
+
     from jobs.training.compare import kendall_tau, paired_bootstrap
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("catalogs", nargs="+", type=Path, help="catalogs holding 3-fold benchmark runs")
     ap.add_argument("--variants", default="COLLAPSED=0.1,COLLAPSED=0.05",
                     help="comma-separated SETTING=VALUE, each set alone over today's defaults; the first is the "
-                         f"baseline. Settings: COLLAPSED (a number >= 0), WEIGHT_RULE (grid, bagged, even). "
+                         f"baseline. Settings: COLLAPSED (a number >= 0), WEIGHT_RULE (grid, bagged, even), "
+                         "CALIBRATION (affine, none). "
                          "Default: COLLAPSED=0.1,COLLAPSED=0.05")
     ap.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples")
     args = ap.parse_args(argv)
@@ -138,7 +145,9 @@ def main(argv=None) -> int:
             best = max(names, key=lambda n: np.mean([kendall_tau(r["y"], r["statistics"][n]) for r in runs]))
             strongest = [r["statistics"][best] for r in runs]
             print(f"  {model} @ {size or 'all'} train, {members} member(s), {partners} partners, {len(runs)} folds; "
-                  f"strongest statistics {best} {np.mean([kendall_tau(a, b) for a, b in zip(y, strongest)]):.3f}")
+                  f"strongest statistics {best} {np.mean([kendall_tau(a, b) for a, b in zip(y, strongest)]):.3f} "
+                  f"(R^2 {np.mean([r2_score(a, b) for a, b in zip(y, strongest)]):.3f}, "
+                  f"MAE {np.mean([mean_absolute_error(a, b) for a, b in zip(y, strongest)]):.4f})")
             base = [r["answers"][variants[0]] for r in runs]
             width = max(len(label(v)) for v in variants)
             for v in variants:
@@ -150,6 +159,17 @@ def main(argv=None) -> int:
                 if v != variants[0]:
                     d = paired_bootstrap(y, answers, base, args.resamples)
                     line += f"   vs {label(variants[0])}: {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+                print(line, flush=True)
+            for v in variants:
+                answers = [r["answers"][v] for r in runs]
+                r2 = np.mean([r2_score(a, b) for a, b in zip(y, answers)])
+                mae = np.mean([mean_absolute_error(a, b) for a, b in zip(y, answers)])
+                vs = paired_bootstrap(y, answers, strongest, args.resamples, metric=mean_absolute_error)
+                line = (f"    {label(v):<{width}}  R^2 {r2:.3f} MAE {mae:.4f}   MAE vs {best}: {vs.mean:+.4f} "
+                        f"[{vs.low:+.4f}, {vs.high:+.4f}]")
+                if v != variants[0]:
+                    d = paired_bootstrap(y, answers, base, args.resamples, metric=mean_absolute_error)
+                    line += f"   vs {label(variants[0])}: {d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}]"
                 print(line, flush=True)
     return 0
 

@@ -161,6 +161,57 @@ def test_the_blend_weight_rules_read_validation_as_documented(monkeypatch):
         stacking.choose_weight(task, y, right, noise)
 
 
+class _Split:
+    """What stack_with_statistics reads of a selection: splits and targets."""
+
+    def __init__(self, splits, targets):
+        self.splits, self.targets = np.asarray(splits), np.asarray(targets, float)
+
+    def mask(self, split):
+        return self.splits == split
+
+
+def test_the_blend_is_recalibrated_on_validation_without_changing_its_order(monkeypatch):
+    """A blend of narrow predictions (shrunk to a third of the targets' spread, shifted) gets the
+    least-squares line of its validation models: the test error falls, the test order is the
+    blend's, the answers stay inside the training targets' range, and the line is saved and read
+    back. "none", too few validation models and a slope that is not positive give the identity;
+    an unknown calibration is refused by name."""
+    import jobs.predictors.stacking as stacking
+    from jobs.predictors.tabular import Prediction
+    from jobs.training.tasks import task_named
+
+    rng = np.random.default_rng(2)
+    n = 300
+    y = rng.uniform(0.2, 0.8, n)
+    splits = np.array(["train"] * 150 + ["val"] * 60 + ["test"] * 90)
+    sel = _Split(splits, y)
+    narrow = lambda sd: 0.5 + (y - 0.5) / 3 + 0.05 + rng.normal(0, sd, n)
+    metanet = narrow(0.03)
+    fitted = {name: (None, Prediction(name, narrow(0.03), np.ones(n, bool))) for name in ("statnn", "statnn_mlp")}
+    task = task_named("regression")
+    stack = stacking.stack_with_statistics(task, sel, "ngnn", metanet, fitted)
+    monkeypatch.setattr(stacking, "CALIBRATION", "none")
+    plain = stacking.stack_with_statistics(task, sel, "ngnn", metanet, fitted)
+    assert plain.line == stacking.Line() and stack.weight == plain.weight
+    test, train = sel.mask("test"), sel.mask("train")
+    assert 2.0 < stack.line.slope < 4.0 and "recalibrated on val" in stack.note
+    mae = lambda p: np.abs(p[test] - y[test]).mean()
+    assert mae(stack.predictions) < 0.5 * mae(plain.predictions)
+    inside = (stack.predictions > y[train].min()) & (stack.predictions < y[train].max())
+    assert np.array_equal(np.argsort(stack.predictions[inside]), np.argsort(plain.predictions[inside]))
+    assert stack.predictions.min() >= y[train].min() and stack.predictions.max() <= y[train].max()
+    assert stacking.Line.from_dict(json.loads(json.dumps(stack.line.to_dict()))) == stack.line
+    assert stacking.Line.from_dict(stacking.Line().to_dict()) == stacking.Line() == stacking.Line.from_dict(None)
+    monkeypatch.setattr(stacking, "CALIBRATION", "affine")
+    few = np.arange(stacking.MIN_CALIBRATION - 1)
+    assert stacking.fit_line(y[few], metanet[few], (0.0, 1.0)) == stacking.Line()
+    assert stacking.fit_line(y, -y, (0.0, 1.0)) == stacking.Line()          # would reverse the order
+    monkeypatch.setattr(stacking, "CALIBRATION", "isotonic")
+    with pytest.raises(ValueError, match="unknown calibration 'isotonic'"):
+        stacking.fit_line(y, metanet, (0.0, 1.0))
+
+
 def test_nfn_trains_as_a_run_and_predict_rebuilds_it(catalog_copy):
     """`--model nfn_hnp` is a run like `--model statnn`: NFN on the commonest parameter shape of the
     selection (NaN elsewhere), saved as JSON plus safetensors, and `jobs predict` rebuilds the

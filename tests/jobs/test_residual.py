@@ -64,7 +64,7 @@ def test_a_residual_run_adds_its_metanetwork_to_statistics_and_predict_rebuilds_
     statistics = np.array([np.mean([rows[n][m] for n in stack.partners]) for m in ids])
     residual = np.array([rows["ngnn"][m] for m in ids]) - statistics      # the metanetwork's row: statistics + residual
     blended = np.array([rows[answer][m] for m in ids])
-    np.testing.assert_allclose(blended[trusted], (statistics + stack.weight * residual)[trusted], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(blended[trusted], stack.line(statistics + stack.weight * residual)[trusted], rtol=1e-5, atol=1e-6)
     # jobs predict rebuilds the answer and the metanetwork's row from the saved run
     predict(catalog_copy, report.run_id, where="zoo = 'mlp'")
     con = duck.connect(catalog_copy)         # a connection reads the catalog as it was when opened

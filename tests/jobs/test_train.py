@@ -74,8 +74,8 @@ def test_predict_applies_the_saved_metanetwork_to_new_models(trained, tmp_path):
     assert rows == (4, 4)
     # the run's answer is the blend it saved, rebuilt from the metanetwork and the refitted baseline:
     # statistics of the checkpoints' own weights for a model within the training models' weight
-    # scales, of the balanced graphs for any other
-    from jobs.predictors.stacking import read_stack
+    # scales, of the balanced graphs for any other, each recalibrated by its line
+    from jobs.predictors.stacking import Line, read_stack
 
     saved = json.loads(Catalog(root).read_artifact(report.run_id, "stack.json"))
     weight, partners, fallback = saved["weight"], saved["partners"], saved["fallback"]
@@ -89,12 +89,14 @@ def test_predict_applies_the_saved_metanetwork_to_new_models(trained, tmp_path):
     ids = sorted(by[method])
     trusted = dict(zip(ids, stack.gate.judge_catalog(con, ids)))
     balanced = [dict(zip(ids, p.predict(con, ids)[0])) for p in stack.fallback.predictors]
+    line, fallback_line = Line.from_dict(saved["line"]), Line.from_dict(fallback["line"])
+    assert line.slope > 0 and line.low <= line.high          # recalibrated on validation, clipped to the targets' range
     for mid, p in by[method].items():
         if trusted[mid]:
-            expected = weight * by["ngnn"][mid] + (1 - weight) * np.mean([by[name][mid] for name in partners])
+            expected = line(weight * by["ngnn"][mid] + (1 - weight) * np.mean([by[name][mid] for name in partners]))
         else:
-            expected = (fallback["weight"] * by["ngnn"][mid]
-                        + (1 - fallback["weight"]) * np.mean([b[mid] for b in balanced]))
+            expected = fallback_line(fallback["weight"] * by["ngnn"][mid]
+                                     + (1 - fallback["weight"]) * np.mean([b[mid] for b in balanced]))
         assert p == pytest.approx(expected)
 
 
@@ -166,8 +168,9 @@ def test_bench_blend_statistics_gives_a_default_run_back_its_own_answer(trained)
 def test_bench_blend_rules_rebuilds_a_saved_answer_with_the_runs_settings(trained):
     """benchmarks/bench_blend_rules.py re-blends a saved run under several settings of the blend: with
     the ones the run used it gives back the run's own answer for every model, and the module's
-    settings are restored; a threshold that keeps only the best partner on validation, or an even
-    weight where the run chose another, gives a different answer."""
+    settings are restored; a threshold that keeps only the best partner on validation, an even
+    weight where the run chose another, or no recalibration where the run drew a line, gives a
+    different answer."""
     import sys
     from pathlib import Path
 
@@ -178,25 +181,29 @@ def test_bench_blend_rules_rebuilds_a_saved_answer_with_the_runs_settings(traine
     import bench_blend_statistics
 
     root, report = trained
-    before = (stacking.COLLAPSED, stacking.WEIGHT_RULE)
+    before = (stacking.COLLAPSED, stacking.WEIGHT_RULE, stacking.CALIBRATION)
     con = duck.connect(root)
     (run_id, config, method), = bench_blend_statistics.saved_runs(con)
     variants = [bench_blend_rules.variant(v) for v in (f"COLLAPSED={stacking.COLLAPSED}", "COLLAPSED=0",
-                                                       "WEIGHT_RULE=even", "WEIGHT_RULE=bagged")]
+                                                       "WEIGHT_RULE=even", "WEIGHT_RULE=bagged", "CALIBRATION=none")]
     scores = bench_blend_rules.rebuild(con, Catalog(root), run_id, config, method, variants)
     con.close()
-    today, only_best, even, bagged = (scores["rebuilt"][v] for v in variants)
+    today, only_best, even, bagged, uncalibrated = (scores["rebuilt"][v] for v in variants)
     np.testing.assert_allclose(today, scores["saved"], rtol=1e-9)
-    assert (stacking.COLLAPSED, stacking.WEIGHT_RULE) == before           # the module's settings are restored
+    assert (stacking.COLLAPSED, stacking.WEIGHT_RULE, stacking.CALIBRATION) == before   # the module's settings are restored
     saved = stacking.read_stack(Catalog(root), run_id)
     if len(saved.partners) > 1:
         assert not np.allclose(only_best, scores["saved"])
     if saved.weight != 0.5:
         assert not np.allclose(even, scores["saved"])
+    if saved.line != stacking.Line():
+        assert not np.allclose(uncalibrated, scores["saved"])
     assert np.isfinite(bagged).all()
     with pytest.raises(ValueError, match="WEIGHT_RULE is one of grid, bagged, even"):
         bench_blend_rules.variant("WEIGHT_RULE=best")
-    with pytest.raises(ValueError, match="KEY=VALUE with KEY one of: COLLAPSED, WEIGHT_RULE"):
+    with pytest.raises(ValueError, match="CALIBRATION is one of affine, none"):
+        bench_blend_rules.variant("CALIBRATION=isotonic")
+    with pytest.raises(ValueError, match="KEY=VALUE with KEY one of: CALIBRATION, COLLAPSED, WEIGHT_RULE"):
         bench_blend_rules.variant("THRESHOLD=0.1")
 
 
