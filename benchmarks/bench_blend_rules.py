@@ -12,8 +12,8 @@ baseline. With the settings a run used, the rebuilt answer is the saved one. Per
 (metanetwork, training size, members, the answer's partners) and variant it prints mean test tau
 over the folds, the paired difference to the strongest statistics (a partner or their mean) and to
 the first variant, with bootstrap 95% intervals (test models resampled within each fold); then the
-mean test R^2 and MAE, and the MAE's paired difference to the strongest statistics' and to the
-first variant's (negative: lower error).
+mean test R^2 and MAE (beside the best R^2 and the lowest MAE of any statistics row), and the MAE's
+paired difference to the strongest statistics' and to the first variant's (negative: lower error).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_blend_rules.py /tmp/zoograph-bench/catalog-blind-wild_cnn-1500-3 --variants WEIGHT_RULE=grid,WEIGHT_RULE=bagged
 
@@ -148,6 +148,10 @@ def main(argv=None) -> int:
                   f"strongest statistics {best} {np.mean([kendall_tau(a, b) for a, b in zip(y, strongest)]):.3f} "
                   f"(R^2 {np.mean([r2_score(a, b) for a, b in zip(y, strongest)]):.3f}, "
                   f"MAE {np.mean([mean_absolute_error(a, b) for a, b in zip(y, strongest)]):.4f})")
+            r2s = {n: np.mean([r2_score(r["y"], r["statistics"][n]) for r in runs]) for n in names}
+            maes = {n: np.mean([mean_absolute_error(r["y"], r["statistics"][n]) for r in runs]) for n in names}
+            top, low = max(r2s, key=r2s.get), min(maes, key=maes.get)
+            print(f"    best of the statistics: R^2 {r2s[top]:.3f} ({top}), MAE {maes[low]:.4f} ({low})")
             base = [r["answers"][variants[0]] for r in runs]
             width = max(len(label(v)) for v in variants)
             for v in variants:
