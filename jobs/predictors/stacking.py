@@ -40,7 +40,7 @@ Recalibrated (``CALIBRATION``, ``"affine"`` by default): the blend's own least-s
 ``a * blend + b`` to the validation targets (slope > 0, so every ranking is unchanged), its answers
 clipped to the training targets' range, like StatNN's. Why: a mean of predictors is narrower than
 the targets, and a weight chosen for tau says nothing of scale. On the development zoos (seed 3,
-re-scored offline) it lowered the test MAE in all 5 groups of folds (4 with the interval above zero,
+re-scored offline) it lowered the test MAE in all 5 groups of folds (4 with the interval below zero,
 -0.002 at the fixed CNN's 100 and the wild CNNs' 250 training models) and left R^2 within its noise;
 tau is unchanged wherever the answer stays inside the training range (docs/metanetworks.md).
 """
