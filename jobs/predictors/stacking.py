@@ -119,8 +119,11 @@ class Line:
         if doc is None:                           # runs saved before the blend was recalibrated
             return cls()
         low, high = doc.get("low"), doc.get("high")
-        return cls(float(doc["slope"]), float(doc["intercept"]), -np.inf if low is None else float(low),
+        line = cls(float(doc["slope"]), float(doc["intercept"]), -np.inf if low is None else float(low),
                    np.inf if high is None else float(high))
+        if not (np.isfinite(line.slope) and line.slope > 0 and np.isfinite(line.intercept) and line.low <= line.high):
+            raise ValueError(f"a recalibration line needs a finite slope > 0 and low <= high; got {doc}")
+        return line
 
 
 def fit_line(y: np.ndarray, p: np.ndarray, bounds: tuple[float, float]) -> Line:

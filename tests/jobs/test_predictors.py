@@ -175,8 +175,9 @@ def test_the_blend_is_recalibrated_on_validation_without_changing_its_order(monk
     """A blend of narrow predictions (shrunk to a third of the targets' spread, shifted) gets the
     least-squares line of its validation models: the test error falls, the test order is the
     blend's, the answers stay inside the training targets' range, and the line is saved and read
-    back. "none", too few validation models and a slope that is not positive give the identity;
-    an unknown calibration is refused by name."""
+    back (a saved line that would reverse the order or clip everything is refused). "none", too few
+    validation models and a slope that is not positive give the identity; an unknown calibration is
+    refused by name."""
     import jobs.predictors.stacking as stacking
     from jobs.predictors.tabular import Prediction
     from jobs.training.tasks import task_named
@@ -203,6 +204,10 @@ def test_the_blend_is_recalibrated_on_validation_without_changing_its_order(monk
     assert stack.predictions.min() >= y[train].min() and stack.predictions.max() <= y[train].max()
     assert stacking.Line.from_dict(json.loads(json.dumps(stack.line.to_dict()))) == stack.line
     assert stacking.Line.from_dict(stacking.Line().to_dict()) == stacking.Line() == stacking.Line.from_dict(None)
+    for tampered in ({"slope": -1.0, "intercept": 0.0}, {"slope": "nan", "intercept": 0.0},
+                     {"slope": 1.0, "intercept": 0.0, "low": 0.9, "high": 0.1}):
+        with pytest.raises(ValueError, match="slope > 0 and low <= high"):       # read_stack: one line naming the run
+            stacking.Line.from_dict(tampered)
     monkeypatch.setattr(stacking, "CALIBRATION", "affine")
     few = np.arange(stacking.MIN_CALIBRATION - 1)
     assert stacking.fit_line(y[few], metanet[few], (0.0, 1.0)) == stacking.Line()
