@@ -179,7 +179,8 @@ class Stack:
                     + (f" of {', '.join(prepared)} graphs" if prepared else "") + "), w chosen on val")
         text += f"; {', '.join(dropped)} left out (collapsed on val)" if dropped else ""
         if self.line != Line():
-            text += f"; recalibrated on val ({self.line.slope:.3g} x + {self.line.intercept:.3g})"
+            sign = "-" if self.line.intercept < 0 else "+"
+            text += f"; recalibrated on val ({self.line.slope:.3g} x {sign} {abs(self.line.intercept):.3g})"
         if self.fallback is None:
             return text
         return f"{text}; outside the training models' weight scales: {self.fallback.note}"

@@ -196,7 +196,8 @@ def test_the_blend_is_recalibrated_on_validation_without_changing_its_order(monk
     plain = stacking.stack_with_statistics(task, sel, "ngnn", metanet, fitted)
     assert plain.line == stacking.Line() and stack.weight == plain.weight
     test, train = sel.mask("test"), sel.mask("train")
-    assert 2.0 < stack.line.slope < 4.0 and "recalibrated on val" in stack.note
+    assert 2.0 < stack.line.slope < 4.0 and stack.line.intercept < 0
+    assert f"recalibrated on val ({stack.line.slope:.3g} x - {-stack.line.intercept:.3g})" in stack.note
     mae = lambda p: np.abs(p[test] - y[test]).mean()
     assert mae(stack.predictions) < 0.5 * mae(plain.predictions)
     inside = (stack.predictions > y[train].min()) & (stack.predictions < y[train].max())
