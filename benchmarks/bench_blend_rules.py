@@ -141,40 +141,39 @@ def main(argv=None) -> int:
         for (model, size, members, partners), folds in sorted(groups.items()):
             runs = [folds[f] for f in sorted(folds)]
             y = [r["y"] for r in runs]
-            names = list(runs[0]["statistics"])
-            best = max(names, key=lambda n: np.mean([kendall_tau(r["y"], r["statistics"][n]) for r in runs]))
-            strongest = [r["statistics"][best] for r in runs]
+
+            def mean(metric, predictions):          # a metric's mean over the folds
+                return np.mean([metric(a, b) for a, b in zip(y, predictions)])
+
+            statistics = {n: [r["statistics"][n] for r in runs] for n in runs[0]["statistics"]}
+            taus, r2s, maes = ({n: mean(m, p) for n, p in statistics.items()}
+                               for m in (kendall_tau, r2_score, mean_absolute_error))
+            best = max(taus, key=taus.get)
+            strongest = statistics[best]
             print(f"  {model} @ {size or 'all'} train, {members} member(s), {partners} partners, {len(runs)} folds; "
-                  f"strongest statistics {best} {np.mean([kendall_tau(a, b) for a, b in zip(y, strongest)]):.3f} "
-                  f"(R^2 {np.mean([r2_score(a, b) for a, b in zip(y, strongest)]):.3f}, "
-                  f"MAE {np.mean([mean_absolute_error(a, b) for a, b in zip(y, strongest)]):.4f})")
-            r2s = {n: np.mean([r2_score(r["y"], r["statistics"][n]) for r in runs]) for n in names}
-            maes = {n: np.mean([mean_absolute_error(r["y"], r["statistics"][n]) for r in runs]) for n in names}
+                  f"strongest statistics {best} {taus[best]:.3f} (R^2 {r2s[best]:.3f}, MAE {maes[best]:.4f})")
             top, low = max(r2s, key=r2s.get), min(maes, key=maes.get)
             print(f"    best of the statistics: R^2 {r2s[top]:.3f} ({top}), MAE {maes[low]:.4f} ({low})")
             base = [r["answers"][variants[0]] for r in runs]
             width = max(len(label(v)) for v in variants)
+            errors = []                             # printed after every variant's tau
             for v in variants:
                 answers = [r["answers"][v] for r in runs]
-                tau = np.mean([kendall_tau(a, b) for a, b in zip(y, answers)])
                 vs = paired_bootstrap(y, answers, strongest, args.resamples)
-                line = (f"    {label(v):<{width}}  answer {tau:.3f}   vs {best}: {vs.mean:+.3f} [{vs.low:+.3f}, "
-                        f"{vs.high:+.3f}]")
+                line = (f"    {label(v):<{width}}  answer {mean(kendall_tau, answers):.3f}   vs {best}: {vs.mean:+.3f} "
+                        f"[{vs.low:+.3f}, {vs.high:+.3f}]")
+                vs = paired_bootstrap(y, answers, strongest, args.resamples, metric=mean_absolute_error)
+                error = (f"    {label(v):<{width}}  R^2 {mean(r2_score, answers):.3f} MAE "
+                         f"{mean(mean_absolute_error, answers):.4f}   MAE vs {best}: {vs.mean:+.4f} "
+                         f"[{vs.low:+.4f}, {vs.high:+.4f}]")
                 if v != variants[0]:
                     d = paired_bootstrap(y, answers, base, args.resamples)
                     line += f"   vs {label(variants[0])}: {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
-                print(line, flush=True)
-            for v in variants:
-                answers = [r["answers"][v] for r in runs]
-                r2 = np.mean([r2_score(a, b) for a, b in zip(y, answers)])
-                mae = np.mean([mean_absolute_error(a, b) for a, b in zip(y, answers)])
-                vs = paired_bootstrap(y, answers, strongest, args.resamples, metric=mean_absolute_error)
-                line = (f"    {label(v):<{width}}  R^2 {r2:.3f} MAE {mae:.4f}   MAE vs {best}: {vs.mean:+.4f} "
-                        f"[{vs.low:+.4f}, {vs.high:+.4f}]")
-                if v != variants[0]:
                     d = paired_bootstrap(y, answers, base, args.resamples, metric=mean_absolute_error)
-                    line += f"   vs {label(variants[0])}: {d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}]"
+                    error += f"   vs {label(variants[0])}: {d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}]"
                 print(line, flush=True)
+                errors.append(error)
+            print("\n".join(errors), flush=True)
     return 0
 
 

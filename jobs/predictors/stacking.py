@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jobs.training.tasks import Task
+from jobs.training.tasks import Task, increasing_line
 from jobs.training.trust import TrustProfile
 
 WEIGHTS = np.round(np.linspace(0.0, 1.0, 11), 2)
@@ -61,7 +61,6 @@ WEIGHT_RULES = ("grid", "bagged", "even")
 BAGS = 100               # bootstrap resamples of the "bagged" rule
 CALIBRATION = "affine"   # the blend recalibrated on validation: one of CALIBRATIONS
 CALIBRATIONS = ("affine", "none")
-MIN_CALIBRATION = 10     # fewer known validation targets than this: no recalibration
 STACK_FORMAT = "zoograph.stack/1"
 
 
@@ -127,19 +126,16 @@ class Line:
 
 
 def fit_line(y: np.ndarray, p: np.ndarray, bounds: tuple[float, float]) -> Line:
-    """``CALIBRATION``'s line from blend ``p`` to targets ``y`` (validation), clipped to ``bounds``;
-    the identity with ``"none"``, with fewer than ``MIN_CALIBRATION`` known pairs, constant
-    predictions or a slope that is not positive (it would reverse the order)."""
+    """``CALIBRATION``'s line from blend ``p`` to targets ``y`` (validation), clipped to ``bounds``:
+    the metanetwork's own calibration line (jobs.training.tasks.increasing_line); the identity with
+    ``"none"`` or where that gives none (too few known pairs, constant predictions, a slope that is
+    not positive)."""
     if CALIBRATION not in CALIBRATIONS:
         raise ValueError(f"unknown calibration {CALIBRATION!r}; calibrations: {', '.join(CALIBRATIONS)}")
     y, p = np.asarray(y, float), np.asarray(p, float)
-    ok = np.isfinite(y) & np.isfinite(p)
-    if CALIBRATION == "none" or ok.sum() < MIN_CALIBRATION or np.ptp(p[ok]) <= 1e-12:
-        return Line()
-    slope, intercept = np.polyfit(p[ok], y[ok], 1)
-    if not (np.isfinite(slope) and np.isfinite(intercept)) or slope <= 0:
-        return Line()
-    return Line(float(slope), float(intercept), *map(float, bounds))
+    ok = ~np.isnan(y) & np.isfinite(p)
+    fit = None if CALIBRATION == "none" else increasing_line(p[ok], y[ok])
+    return Line() if fit is None else Line(*fit, *map(float, bounds))
 
 
 def blend(metanet: np.ndarray, statistics: np.ndarray, weight: float) -> np.ndarray:

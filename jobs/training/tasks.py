@@ -36,6 +36,19 @@ class TargetScale:
 
 CALIBRATIONS = ("linear", "monotone")
 MONOTONE_IDENTITY_SHARE = 0.1   # the monotone map is 0.9 * isotonic fit + 0.1 * identity: strictly increasing
+MIN_LINE_MODELS = 10            # fewer known targets than this: no calibration line is fitted
+
+
+def increasing_line(p: np.ndarray, y: np.ndarray, min_models: int = MIN_LINE_MODELS) -> tuple[float, float] | None:
+    """``(a, b)`` of the least-squares line ``a * p + b`` to targets ``y`` (known pairs only), or
+    None with fewer than ``min_models`` pairs, constant predictions or a slope that is not positive
+    (it would reverse the order). Both the metanetwork's calibration and the blend's use it."""
+    if len(y) < min_models or np.ptp(p) <= 1e-12 * max(1.0, float(np.abs(p).max())):
+        return None
+    a, b = np.polyfit(p, y, 1)
+    if not (np.isfinite(a) and np.isfinite(b)) or a <= 0:
+        return None
+    return float(a), float(b)
 
 
 class Task:
@@ -135,7 +148,7 @@ class Regression(Task):
     def fit_scale(self, train_targets):
         return TargetScale(float(np.mean(train_targets)), float(np.std(train_targets) or 1.0))
 
-    def calibrate(self, out, targets, scale, mode="linear", min_models: int = 10):
+    def calibrate(self, out, targets, scale, mode="linear", min_models: int = MIN_LINE_MODELS):
         """Least squares ``a * p + b`` from decoded outputs ``p`` to the targets, folded into the scale
         (``out * a * std + a * mean + b``), so a saved run decodes calibrated predictions unchanged.
         A linear map with a > 0 keeps every ranking (Kendall tau) and can only lower the squared error
@@ -152,11 +165,10 @@ class Regression(Task):
         p, y = self.decode(out, scale), targets.astype(np.float64)
         ok = ~np.isnan(y) & np.isfinite(p)
         p, y = p[ok], y[ok]
-        if len(y) < min_models or np.ptp(p) <= 1e-12 * max(1.0, float(np.abs(p).max())):
+        fit = increasing_line(p, y, min_models)
+        if fit is None:
             return scale
-        a, b = np.polyfit(p, y, 1)
-        if not np.isfinite(a) or a <= 0:
-            return scale
+        a, b = fit
         line = TargetScale(float(a * scale.mean + b), float(a * scale.std))
         if mode == "linear":
             return line

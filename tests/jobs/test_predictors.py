@@ -161,16 +161,6 @@ def test_the_blend_weight_rules_read_validation_as_documented(monkeypatch):
         stacking.choose_weight(task, y, right, noise)
 
 
-class _Split:
-    """What stack_with_statistics reads of a selection: splits and targets."""
-
-    def __init__(self, splits, targets):
-        self.splits, self.targets = np.asarray(splits), np.asarray(targets, float)
-
-    def mask(self, split):
-        return self.splits == split
-
-
 def test_the_blend_is_recalibrated_on_validation_without_changing_its_order(monkeypatch):
     """A blend of narrow predictions (shrunk to a third of the targets' spread, shifted) gets the
     least-squares line of its validation models: the test error falls, the test order is the
@@ -180,13 +170,14 @@ def test_the_blend_is_recalibrated_on_validation_without_changing_its_order(monk
     refused by name."""
     import jobs.predictors.stacking as stacking
     from jobs.predictors.tabular import Prediction
-    from jobs.training.tasks import task_named
+    from jobs.training.data import Selection
+    from jobs.training.tasks import MIN_LINE_MODELS, task_named
 
     rng = np.random.default_rng(2)
     n = 300
     y = rng.uniform(0.2, 0.8, n)
     splits = np.array(["train"] * 150 + ["val"] * 60 + ["test"] * 90)
-    sel = _Split(splits, y)
+    sel = Selection([f"m{i}" for i in range(n)], y, splits, ["mlp"] * n, "regression", "test_accuracy")
     narrow = lambda sd: 0.5 + (y - 0.5) / 3 + 0.05 + rng.normal(0, sd, n)
     metanet = narrow(0.03)
     fitted = {name: (None, Prediction(name, narrow(0.03), np.ones(n, bool))) for name in ("statnn", "statnn_mlp")}
@@ -210,7 +201,7 @@ def test_the_blend_is_recalibrated_on_validation_without_changing_its_order(monk
         with pytest.raises(ValueError, match="slope > 0 and low <= high"):       # read_stack: one line naming the run
             stacking.Line.from_dict(tampered)
     monkeypatch.setattr(stacking, "CALIBRATION", "affine")
-    few = np.arange(stacking.MIN_CALIBRATION - 1)
+    few = np.arange(MIN_LINE_MODELS - 1)
     assert stacking.fit_line(y[few], metanet[few], (0.0, 1.0)) == stacking.Line()
     assert stacking.fit_line(y, -y, (0.0, 1.0)) == stacking.Line()          # would reverse the order
     monkeypatch.setattr(stacking, "CALIBRATION", "isotonic")
