@@ -15,13 +15,13 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.neural_graph.graph import NeuralGraph
-from pipeline.neural_graph.vocabulary import NODE_TYPES
-from pipeline.neural_graph.vocabulary import SCALE, SIGN, VOCABULARY
+from pipeline.neural_graph.vocabulary import NODE_TYPES, SCALE, SIGN, VOCABULARY
 
 
-def tied_layer_classes(graph: NeuralGraph) -> tuple[list[int], set[int]]:
-    """Union-find over neuron layers: (representative per layer, set of fixed representatives)."""
-    parent = list(range(graph.num_layers))
+def layer_classes(num_layers: int, ties) -> list[int]:
+    """Union-find over neuron layers: the representative of each layer once the pairs ``ties``
+    (layer a, layer b) are joined."""
+    parent = list(range(num_layers))
 
     def find(a: int) -> int:
         while parent[a] != a:
@@ -29,18 +29,26 @@ def tied_layer_classes(graph: NeuralGraph) -> tuple[list[int], set[int]]:
             a = parent[a]
         return a
 
+    for s, d in ties:
+        parent[find(s)] = find(d)
+    return [find(i) for i in range(num_layers)]
+
+
+def tied_layer_classes(graph: NeuralGraph) -> tuple[list[int], set[int]]:
+    """Layers whose neurons must be permuted together, and those never permuted: (representative per
+    layer, set of fixed representatives)."""
     fixed: set[int] = set()
     sizes = graph.layer_sizes()
+    ties = []
     for op in graph.ops:
         pairs, fix = op.permutation_ties(sizes)
-        for s, d in pairs:
-            parent[find(s)] = find(d)
+        ties += pairs
         fixed.update(fix)
     for layer in range(graph.num_layers):
         types = set(graph.node_type[graph.node_layer == layer].tolist())
         if types - {NODE_TYPES.index("hidden")}:
             fixed.add(layer)
-    reps = [find(i) for i in range(graph.num_layers)]
+    reps = layer_classes(graph.num_layers, ties)
     return reps, {reps[i] for i in fixed}
 
 
@@ -93,14 +101,6 @@ def scale_classes(graph: NeuralGraph, steps: list[dict] | None = None) -> tuple[
     ``steps`` (a plan's traced steps) tells where max pools are; without it every layer with spatial
     maps (a conv output) is assumed max-pooled, which only ever forbids sign flips.
     """
-    parent = list(range(graph.num_layers))
-
-    def find(a: int) -> int:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
     allowed = [set(_ACTIVATION_GROUPS.get(act, set())) for act in graph.layer_activation]
     pooled = max_pooled_layers(steps) if steps is not None else {
         op["dst_layer"] for op in graph.ops if op["relation"] == "conv"}
@@ -109,13 +109,13 @@ def scale_classes(graph: NeuralGraph, steps: list[dict] | None = None) -> tuple[
     for layer in range(graph.num_layers):
         if set(graph.node_type[graph.node_layer == layer].tolist()) - {NODE_TYPES.index("hidden")}:
             allowed[layer] = set()
+    ties = []
     for op in graph.ops:
         pairs, cleared = op.scaling_ties()
-        for s, d in pairs:
-            parent[find(s)] = find(d)
+        ties += pairs
         for layer in cleared:
             allowed[layer] = set()
-    reps = [find(i) for i in range(graph.num_layers)]
+    reps = layer_classes(graph.num_layers, ties)
     groups: dict[int, set[str]] = {}
     for layer, rep in enumerate(reps):
         groups[rep] = groups.get(rep, {SCALE, SIGN}) & allowed[layer]
