@@ -54,6 +54,17 @@ TABULAR = tuple(names("tabular"))
 STATNNS = (*(n for n in TABULAR if PREDICTORS[n].stack), "statnn_avg")
 
 
+def shown(levers: dict) -> str:
+    """Levers in one form for every line the bench prints (the recipe's levers, the variant's row
+    tag): booleans as typed (``head_spectral=true``), a tuple's items joined by ``+`` since commas
+    separate the levers."""
+    def value(v) -> str:
+        if isinstance(v, tuple):
+            return "+".join(map(str, v))
+        return str(v).lower() if isinstance(v, bool) else str(v)
+    return ",".join(f"{k}={value(v)}" for k, v in levers.items())
+
+
 def overrides(pairs: list[str]) -> dict:
     """``--set key=value`` pairs as TrainConfig fields (a lever of the recipe, e.g. layers=5)."""
     from dataclasses import fields
@@ -274,10 +285,10 @@ def main(argv=None) -> None:
     # quick mode trains one metanetwork per fold, not the recipe's ensemble of 3, to stay under 20 minutes
     lever = {**({} if args.full else {"ensemble": 1}), **overrides(args.lever)}
     versus = overrides(args.versus)
-    tag = "[" + ",".join(f"{k}={'+'.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in versus.items()) + "]"
+    tag = f"[{shown(versus)}]"
     peer_names = [p for p in args.peers.split(",") if p]
     if lever:
-        print("recipe levers: " + ", ".join(f"{k}={v}" for k, v in lever.items()), flush=True)
+        print(f"recipe levers: {shown(lever)}", flush=True)
     started = time.perf_counter()
     tables = []
     curves = []

@@ -66,7 +66,7 @@ def test_the_learning_curve_gives_each_size_its_own_margin():
 
 def test_a_lever_is_paired_against_the_same_method_without_it():
     rng = np.random.default_rng(2)
-    tag = "[head_statistics=True]"
+    tag = "[head_statistics=true]"
     per_fold = []
     for _ in range(3):
         y = rng.uniform(0.1, 0.9, 300)
@@ -79,3 +79,10 @@ def test_a_lever_is_paired_against_the_same_method_without_it():
     assert set(rows) == {f"ngnn{tag} - ngnn", f"ngnn+statnn{tag} - ngnn+statnn"}
     assert rows[f"ngnn{tag} - ngnn"].rstrip().endswith("*") and rows[f"ngnn{tag} - ngnn"].split()[0].startswith("+")
     assert not rows[f"ngnn+statnn{tag} - ngnn+statnn"].rstrip().endswith("*")     # the same noise: level
+
+
+def test_levers_print_one_way_wherever_the_bench_shows_them():
+    assert bench_accuracy.shown(bench_accuracy.overrides(["head_spectral=true", "layers=5"])) == \
+        "head_spectral=true,layers=5"
+    assert bench_accuracy.shown(bench_accuracy.overrides(["rescale_test=10,1000", "residual=false"])) == \
+        "rescale_test=10.0+1000.0,residual=false"
