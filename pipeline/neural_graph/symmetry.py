@@ -34,6 +34,11 @@ def layer_classes(num_layers: int, ties) -> list[int]:
     return [find(i) for i in range(num_layers)]
 
 
+def boundary_layers(graph: NeuralGraph) -> set[int]:
+    """Layers holding input or output neurons: no symmetry moves them."""
+    return set(np.unique(graph.node_layer[graph.node_type != NODE_TYPES.index("hidden")]).tolist())
+
+
 def tied_layer_classes(graph: NeuralGraph) -> tuple[list[int], set[int]]:
     """Layers whose neurons must be permuted together, and those never permuted: (representative per
     layer, set of fixed representatives)."""
@@ -44,10 +49,7 @@ def tied_layer_classes(graph: NeuralGraph) -> tuple[list[int], set[int]]:
         pairs, fix = op.permutation_ties(sizes)
         ties += pairs
         fixed.update(fix)
-    for layer in range(graph.num_layers):
-        types = set(graph.node_type[graph.node_layer == layer].tolist())
-        if types - {NODE_TYPES.index("hidden")}:
-            fixed.add(layer)
+    fixed |= boundary_layers(graph)
     reps = layer_classes(graph.num_layers, ties)
     return reps, {reps[i] for i in fixed}
 
@@ -106,9 +108,8 @@ def scale_classes(graph: NeuralGraph, steps: list[dict] | None = None) -> tuple[
         op["dst_layer"] for op in graph.ops if op["relation"] == "conv"}
     for layer in pooled:
         allowed[layer].discard(SIGN)
-    for layer in range(graph.num_layers):
-        if set(graph.node_type[graph.node_layer == layer].tolist()) - {NODE_TYPES.index("hidden")}:
-            allowed[layer] = set()
+    for layer in boundary_layers(graph):
+        allowed[layer] = set()
     ties = []
     for op in graph.ops:
         pairs, cleared = op.scaling_ties()
