@@ -65,6 +65,15 @@ def shown(levers: dict) -> str:
     return ",".join(f"{k}={value(v)}" for k, v in levers.items())
 
 
+def tag_name(text: str) -> str:
+    """A ``--tag``: letters, digits, ``_`` and ``-`` (it names table rows)."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,24}", text):
+        raise argparse.ArgumentTypeError(f"a tag is 1-24 letters, digits, _ or -; got {text!r}")
+    return text
+
+
 def overrides(pairs: list[str]) -> dict:
     """``--set key=value`` pairs as TrainConfig fields (a lever of the recipe, e.g. layers=5)."""
     from dataclasses import fields
@@ -233,12 +242,19 @@ def summarise(kind: str, per_fold: list[dict[str, dict]], resamples: int) -> lis
     return lines
 
 
-def versus_lines(per_fold: list[dict[str, dict]], tag: str, resamples: int) -> list[str]:
+def variant_tag(name: str | None, versus: dict) -> str:
+    """The variant rows' tag: ``[name]`` (``--tag``), else the levers themselves (``[layers=5]``)."""
+    return f"[{name or shown(versus)}]"
+
+
+def versus_lines(per_fold: list[dict[str, dict]], tag: str, resamples: int, levers: str | None = None) -> list[str]:
     """Each variant row ``<method><tag>`` (``--versus``) against the same method without the
-    lever: the paired difference in tau on the test models both scored, with its interval."""
+    lever: the paired difference in tau on the test models both scored, with its interval. A tag
+    that is a short name (``--tag``) is spelled out once as ``levers`` in the header."""
     from jobs.training.compare import paired_bootstrap
 
-    lines = [f"  the lever {tag} against the recipe, paired on the same test models:"]
+    named = f" = {levers}" if levers and f"[{levers}]" != tag else ""
+    lines = [f"  the lever {tag}{named} against the recipe, paired on the same test models:"]
     for m in [m for m in per_fold[0] if m.endswith(tag) and all(m[:-len(tag)] in f and m in f for f in per_fold)]:
         base = m[:-len(tag)]
         pairs = [(_arrays(f[m], ids), _arrays(f[base], ids)) for f in per_fold
@@ -279,13 +295,16 @@ def main(argv=None) -> None:
                     help="also train every metanetwork with this field changed, on the same folds (rows "
                     "'<method>[KEY=VALUE]'), and print each of its rows' paired difference to the same row "
                     "without it: a lever measured against the recipe; repeatable (one variant, all changes)")
+    ap.add_argument("--tag", type=tag_name, default=None, metavar="NAME",
+                    help="name the --versus rows '<method>[NAME]' (default: the levers, which a long value such "
+                    "as a catalog path makes wide); the paired lines spell the levers out once")
     args = ap.parse_args(argv)
     n = args.n or (1500 if args.full else 400)
     epochs = args.epochs
     # quick mode trains one metanetwork per fold, not the recipe's ensemble of 3, to stay under 20 minutes
     lever = {**({} if args.full else {"ensemble": 1}), **overrides(args.lever)}
     versus = overrides(args.versus)
-    tag = f"[{shown(versus)}]"
+    tag = variant_tag(args.tag, versus)
     peer_names = [p for p in args.peers.split(",") if p]
     if lever:
         print(f"recipe levers: {shown(lever)}", flush=True)
@@ -324,8 +343,8 @@ def main(argv=None) -> None:
                                          if m not in TABULAR})
                 if peers is not None:
                     per_fold[-1].update(peer_test_predictions(cat, peers.fold(args.folds, fold), args.folds, fold))
-            table = summarise(label, per_fold, args.resamples) + (versus_lines(per_fold, tag, args.resamples)
-                                                                  if versus else [])
+            table = summarise(label, per_fold, args.resamples) + (
+                versus_lines(per_fold, tag, args.resamples, shown(versus)) if versus else [])
             print("\n".join(table) + "\n", flush=True)
             tables += table + [""]
             curves.append((kind, size, per_fold))

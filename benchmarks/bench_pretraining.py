@@ -58,7 +58,7 @@ def main(argv=None) -> None:
         print(f"pretrained {run} on {source} ({report.n_models['train']} training models, test tau {tau:.3f}, "
               f"{time.perf_counter() - t:.0f}s)", flush=True)
     bench_accuracy.main(["--n", str(args.n), "--zoos", args.zoos, "--models", "ngnn", "--curve", args.curve,
-                         "--versus", f"init_from={run}", "--versus", f"init_catalog={source}"]
+                         "--versus", f"init_from={run}", "--versus", f"init_catalog={source}", "--tag", "PRE"]
                         + (["--blind", "--seed", str(args.seed)] if args.blind else []))
     print(f"{time.perf_counter() - started:.0f}s with pretraining")
 

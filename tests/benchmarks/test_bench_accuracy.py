@@ -1,10 +1,12 @@
 """bench_accuracy's table: every method ranked on the same test models, paired against the stronger
 StatNN; a method that scored only a sliver of a fold (the flat-weights MLP on a zoo of many
 shapes) is left out with a line saying so, not ranked on its own tiny test set."""
+import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_accuracy  # noqa: E402
@@ -86,3 +88,25 @@ def test_levers_print_one_way_wherever_the_bench_shows_them():
         "head_spectral=true,layers=5"
     assert bench_accuracy.shown(bench_accuracy.overrides(["rescale_test=10,1000", "residual=false"])) == \
         "rescale_test=10.0+1000.0,residual=false"
+
+
+def test_a_named_variant_keeps_its_rows_narrow_and_spells_its_levers_out_once():
+    levers = bench_accuracy.overrides(["init_from=run-1", "init_catalog=/tmp/a/long/catalog/path"])
+    tag = bench_accuracy.variant_tag("PRE", levers)
+    assert tag == "[PRE]" and bench_accuracy.variant_tag(None, levers) == f"[{bench_accuracy.shown(levers)}]"
+    rng = np.random.default_rng(1)
+    per_fold = []
+    for _ in range(2):
+        fold, _ids = _fold(rng, 60, {"ngnn": 0.1, "ngnn" + tag: 0.1})
+        per_fold.append(fold)
+    lines = bench_accuracy.versus_lines(per_fold, tag, resamples=50, levers=bench_accuracy.shown(levers))
+    assert lines[0] == ("  the lever [PRE] = init_from=run-1,init_catalog=/tmp/a/long/catalog/path against the "
+                        "recipe, paired on the same test models:")
+    assert [line.split(":")[0].strip() for line in lines[1:]] == ["ngnn[PRE] - ngnn"]
+    # an unnamed variant's tag already is its levers: not spelled out twice
+    plain = bench_accuracy.variant_tag(None, {"layers": 5})
+    assert bench_accuracy.versus_lines([{k.replace(tag, plain): v for k, v in f.items()} for f in per_fold], plain,
+                                       resamples=50, levers="layers=5")[0].startswith("  the lever [layers=5] against")
+    for bad in ("", "a b", "x" * 25, "../p"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench_accuracy.tag_name(bad)
