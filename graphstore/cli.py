@@ -47,15 +47,19 @@ def sync(catalog, neo4j_uri, neo4j_user, neo4j_password, keep):
 @catalog_option
 @store_options
 @timeout_option
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="Memory limit for a query on the embedded store, e.g. 2GB or 10% (default: 25% of this "
+                   "machine's memory).")
 @translate_errors
-def cypher(query, named, params, fmt, write, catalog, neo4j_uri, neo4j_user, neo4j_password, timeout):
+def cypher(query, named, params, fmt, write, catalog, neo4j_uri, neo4j_user, neo4j_password, timeout, memory_limit):
     """Run a read-only Cypher QUERY with parameters and print the result.
 
     \b
     Read-only unless --write: the embedded store is opened read-only, Neo4j runs the query in a
     read transaction, and statements that write, read or write files (LOAD FROM, LOAD CSV, COPY),
     change settings, call procedures other than the schema ones, or hold several statements are
-    refused before they run. Queries stop after --timeout seconds.
+    refused before they run. Queries stop after --timeout seconds and, on the embedded store, past
+    --memory-limit.
 
     Example: graphstore cypher "MATCH (m:Model) WHERE m.test_accuracy > $t RETURN count(m)" --param t=0.9
     """
@@ -75,6 +79,7 @@ def cypher(query, named, params, fmt, write, catalog, neo4j_uri, neo4j_user, neo
     with open_store_from_options(catalog, neo4j_uri, neo4j_user, neo4j_password, read_only=not write,
                                  must_exist=True) as store:
         store.query_timeout = timeout or None
+        store.memory_limit = memory_limit
         store.isolated = True           # the embedded store: a crash or a long expression stays in a child
         result = store.run(query, parse_params(params))
     for notice in result.notices:

@@ -148,6 +148,30 @@ def read_only_mount(path: str) -> str:
     return "user namespace" if _mount_read_only(libc, target) else "none"
 
 
+def empty_root() -> bool:
+    """Make this process's root an empty folder that no longer exists anywhere (chroot into a fresh
+    temporary folder, then remove it): nothing outside what is already open can be read. Call it
+    after every file the process needs is open and every module it needs imported. Returns whether
+    the machine allowed it (root, or the user namespace ``read_only_mount`` entered)."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="zoograph-view-")
+    parent = os.open(os.path.dirname(folder), os.O_RDONLY)
+    try:
+        os.chdir(folder)
+        os.chroot(folder)
+        os.chdir("/")
+        return True
+    except OSError:
+        return False
+    finally:
+        try:
+            os.rmdir(os.path.basename(folder), dir_fd=parent)
+        except OSError:
+            pass
+        os.close(parent)
+
+
 def limit_memory(limit_bytes: int) -> None:
     """Cap the address space at what this process maps now plus ``limit_bytes``."""
     with open("/proc/self/statm") as fh:

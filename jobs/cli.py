@@ -9,7 +9,7 @@ import click
 from graphstore.options import existing_catalog, open_store_from_options, optional_store, store_options
 from jobs.config import EditConfig, TrainConfig
 from zoocore.dataclass_cli import click_options, from_options
-from zoocore.cli import catalog_option, format_rows, translate_errors
+from zoocore.cli import FiniteRange, catalog_option, format_rows, translate_errors
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -141,7 +141,7 @@ def classify(run_id, target, png, catalog):
               show_default=True,
               help="Alignment whose merge is written: NG-GNN node embeddings of a trained run, activation "
                    "matching on training inputs, or weight matching (Git Re-Basin). All are reported.")
-@click.option("--alpha", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True,
+@click.option("--alpha", type=FiniteRange(0.0, 1.0), default=0.5, show_default=True,
               help="Weight of B in the interpolation (1 - alpha) A + alpha B.")
 @click.option("--run", "run_id", default=None,
               help="NG-GNN run whose node embeddings align the neurons (default: the newest run).")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 import click
 
 from jobs.predictors import PREDICTORS, help_text
+from zoocore.cli import FiniteRange
 from zoocore.dataclass_cli import option
 
 ATTENTION_GROUPS = ("all", "direction", "relation")       # what one NG-T attention softmax runs over (jobs.metanets.ngt)
@@ -81,9 +82,9 @@ class DataConfig:
                                   "the activation allows). 0 = off.", metavar="MAX")
     weight_noise: float = option(0.0, "Train on weights plus Gaussian noise of X times each operation's weight "
                                  "spread (biases: per neuron layer), drawn anew every time a model is served.",
-                                 type=click.FloatRange(min=0.0), metavar="X")
+                                 type=FiniteRange(min=0.0), metavar="X")
     weight_dropout: float = option(0.0, "Train with each edge's weights zeroed with probability P.",
-                                   type=click.FloatRange(min=0.0, max=1.0, max_open=True), metavar="P")
+                                   type=FiniteRange(min=0.0, max=1.0, max_open=True), metavar="P")
     rescale_test: tuple[float, ...] = option((), "Also score the metanetwork and StatNN on function-preserving "
                                              "random rescalings U[1, MAX] of the test models (rows "
                                              "'<method>@xMAX'). Repeat for several MAX.", type=float, metavar="MAX")
@@ -100,7 +101,7 @@ class OptimConfig:
                                 type=click.IntRange(min=1))
     batch_size: int = option(32, "Models per batch.", type=click.IntRange(min=1))
     lr: float = option(1e-3, "AdamW learning rate.")
-    weight_decay: float = option(1e-4, "AdamW weight decay.", type=click.FloatRange(min=0.0))
+    weight_decay: float = option(1e-4, "AdamW weight decay.", type=FiniteRange(min=0.0))
     patience: int = option(5, "Early stopping: epochs without a better validation score.",
                            type=click.IntRange(min=1))
     min_steps: int = option(400, "Without --epochs: at least N optimiser steps per member. On a zoo too small "
@@ -110,7 +111,7 @@ class OptimConfig:
                            "the training time; 1 for a single model).", type=click.IntRange(min=1))
     rank_weight: float = option(3.0, "Regression: add W times a pairwise ranking loss (RankNet's, over the pairs of "
                                 "each batch) to the squared error; 0 = squared error alone.",
-                                type=click.FloatRange(min=0.0), metavar="W")
+                                type=FiniteRange(min=0.0), metavar="W")
     aux_targets: tuple[str, ...] = option((), "Regression: also train the metanetwork to predict this numeric "
                                           "models column of its training models (e.g. train_accuracy, lr), "
                                           "rank-transformed to a standard normal; only the target is predicted "
@@ -119,7 +120,7 @@ class OptimConfig:
                                           "(docs/metanetworks.md). Repeat for several.", type=str,
                                           metavar="COLUMN")
     aux_weight: float = option(0.5, "With --aux-targets: weight of their squared error beside the target's loss.",
-                               type=click.FloatRange(min=0.0), metavar="W")
+                               type=FiniteRange(min=0.0), metavar="W")
     calibrate: bool = option(True, "Regression: map the predictions through a * p + b fitted on the validation "
                              "split (a > 0: Kendall tau is unchanged; R^2 and MAE improve); saved with the run.")
     calibration: str = option("monotone", "With --calibrate: linear (a * p + b) or monotone (that line, then an "
@@ -175,7 +176,7 @@ class MetanetConfig:
     hidden: int = option(64, "Node embedding width.", type=click.IntRange(min=4))
     edge_hidden: int = option(32, "Edge embedding width.", type=click.IntRange(min=1))
     layers: int = option(3, "Message-passing (or attention) layers.", type=click.IntRange(min=1))
-    dropout: float = option(0.0, "Dropout in the node updates.", type=click.FloatRange(min=0.0, max=1.0,
+    dropout: float = option(0.0, "Dropout in the node updates.", type=FiniteRange(min=0.0, max=1.0,
                                                                                          max_open=True))
     probes: int = option(0, "Learned probe inputs whose per-neuron activations join the node features (MLP / INR "
                          "zoos: graphs of linear and residual edges).", type=click.IntRange(min=0))
@@ -183,7 +184,7 @@ class MetanetConfig:
                          "2026): a learned per-neuron factor 1 + eps*sin(.) from per-neuron and per-layer weight "
                          "statistics; its parameter overhead is printed.")
     quasi_eps: float = option(0.1, "eps of the quasi-equivariant factors 1 + eps*sin(.).",
-                              type=click.FloatRange(min=0.0, max=0.99))
+                              type=FiniteRange(min=0.0, max=0.99))
     readout_outputs: int = option(10, "Also read the embeddings of output neurons 0..K-1, in order, beside the "
                                   "mean/max readout (invariant: output neurons are never permuted). 0 = off.",
                                   type=click.IntRange(min=0), metavar="K")
@@ -206,7 +207,7 @@ class MetanetConfig:
     relation_values: bool = option(True, "NG-T: one value map per edge type (as NG-GNN's per-relation messages) "
                                    "instead of one map shared by every edge.")
     attention_dropout: float = option(0.0, "NG-T: dropout on the attention weights while training.",
-                                      type=click.FloatRange(min=0.0, max=1.0, max_open=True))
+                                      type=FiniteRange(min=0.0, max=1.0, max_open=True))
 
 
 # what runs saved before a field existed computed (jobs.metanets.ngnn.NGGNNConfig.from_dict fills them in)

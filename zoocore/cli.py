@@ -51,8 +51,33 @@ def short_message(text: str, limit: int = MAX_MESSAGE) -> str:
     return text if len(text) <= limit else text[:limit] + f" ... ({len(text) - limit} more characters)"
 
 
+class FiniteRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf`` (which compare false with any bound)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+class Seconds(click.ParamType):
+    """A finite, non-negative number of seconds (``nan`` and ``inf`` are refused as usage errors)."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx):
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds < 0:
+            self.fail(f"{value!r} is not a finite number of seconds >= 0 (0: no limit)", param, ctx)
+        return seconds
+
+
 def timeout_option(fn: Callable) -> Callable:
-    return click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+    return click.option("--timeout", type=Seconds(), default=60.0, show_default=True,
                         metavar="SECONDS", help="Stop the query after this many seconds (0: no limit).")(fn)
 
 

@@ -41,9 +41,11 @@ class LadybugStore(MetadataStore):
     backend = "ladybug"
     _in_transaction = False
     isolated = False            # read-only user queries run in a child process (graphstore cypher)
+    memory_limit: str | None = None     # of that child process (graphstore.sql.memory_limit_setting text)
 
-    def __init__(self, path: str | Path, read_only: bool = False):
+    def __init__(self, path: str | Path, read_only: bool = False, buffer_pool_bytes: int | None = None):
         super().__init__(read_only)
+        self._buffer_pool = {"buffer_pool_size": int(buffer_pool_bytes)} if buffer_pool_bytes else {}
 
         self.path = Path(path)
         if read_only and not self.path.exists():
@@ -58,12 +60,12 @@ class LadybugStore(MetadataStore):
 
         try:
             try:
-                self._db = ladybug.Database(str(self.path), read_only=self.read_only)
+                self._db = ladybug.Database(str(self.path), read_only=self.read_only, **self._buffer_pool)
             except RuntimeError as exc:
                 if not (self.read_only and "recovery" in str(exc).lower()):
                     raise
                 self._recover()
-                self._db = ladybug.Database(str(self.path), read_only=True)
+                self._db = ladybug.Database(str(self.path), read_only=True, **self._buffer_pool)
             self._conn = ladybug.Connection(self._db)
         except RuntimeError as exc:
             raise StoreError(f"cannot open the embedded graph store at {self.path}: {exc}") from exc
@@ -165,11 +167,17 @@ class LadybugStore(MetadataStore):
         """The query in a child process (graphstore.metadata.cypher_worker): killed at the time
         limit even inside one long expression, and a crash of the engine is one line here."""
         from graphstore.isolation import WorkerFailed, run_worker
+        from graphstore.sql import memory_limit_bytes, memory_limit_setting
 
-        request = {"path": str(self.path.resolve()), "query": query, "params": params}
+        setting = memory_limit_setting(self.memory_limit)
+        request = {"path": str(self.path.resolve()), "query": query, "params": params,
+                   "memory_limit": memory_limit_bytes(setting)}
         try:
             out = run_worker("graphstore.metadata.cypher_worker", request, self.query_timeout)
         except WorkerFailed as exc:
+            if exc.kind == "memory" or exc.signal_name in ("SIGSEGV", "SIGABRT", "SIGKILL", "SIGBUS"):
+                raise StoreError(f"the query needs more memory than its limit of {setting} (--memory-limit), "
+                                 "or crashed the engine; nothing was changed") from None
             raise StoreError(exc.message) from None
         answer = json.loads(out)
         return QueryResult(answer["columns"], answer["rows"])

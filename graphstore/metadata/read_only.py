@@ -9,6 +9,9 @@ when, outside string literals, comments and back-quoted names, it:
 - calls a procedure other than the schema ones listed in ``READ_PROCEDURES``, or sets an option
   (Ladybug's ``CALL threads = 4``);
 - holds more than one statement.
+
+A word glued to a number (``LIMIT 1LOAD FROM ...``) is read as the engine reads it, a number and then
+a word: the letters inside a token that starts with a digit are checked as words too.
 """
 from __future__ import annotations
 
@@ -45,6 +48,9 @@ _TOKEN = re.compile(r"""
   | (?P<number>\d[\w.]*)
   | (?P<punct>.)
 """, re.S | re.X)
+
+
+_GLUED = re.compile(r"[^\W\d_]+")        # the letter runs of a token that starts with a digit
 
 
 def tokens(query: str) -> list[tuple[str, str]]:
@@ -92,6 +98,13 @@ def check_read_only(query: str) -> None:
     if not toks:
         raise CypherRefused("empty query" + hint)
     for i, (kind, text) in enumerate(toks):
+        if kind == "number":
+            for glued in _GLUED.findall(text):
+                word = unicodedata.normalize("NFKC", glued).upper()
+                if word in REFUSED_CLAUSES or word == "CALL":
+                    raise CypherRefused(f"{word} is not allowed: it writes, or reads or writes files or server state "
+                                        f"(here glued to a number, {text[:40]!r})" + hint)
+            continue
         if kind != "word":
             continue
         word = unicodedata.normalize("NFKC", text).upper()
