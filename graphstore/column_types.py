@@ -37,8 +37,9 @@ def column_name(key: str) -> tuple[str, str | None]:
     """The column name of a metadata key, and a note when it had to be changed beyond the usual
     spelling (lower case, ``_`` for spaces and punctuation).
 
-    Names are ASCII ``[a-z0-9_]``, start with a letter or ``_`` (a leading digit gets ``c_``:
-    ``2nd_run`` -> ``c_2nd_run``), avoid the fixed columns (``meta_`` prefix) and fit 63
+    Names are ASCII ``[a-z0-9_]``, start with a letter (a leading digit gets ``c_``:
+    ``2nd_run`` -> ``c_2nd_run``), avoid the fixed columns and the names that start with ``_``, which
+    the catalog's own views use (``_file``, ``_rn``) (both get a ``meta_`` prefix) and fit 63
     characters (longer ones are cut and end in a hash of the key), so every column is also a
     valid graph-store property. The mapping is deterministic.
     """
@@ -51,6 +52,9 @@ def column_name(key: str) -> tuple[str, str | None]:
         notes.append("a name may not start with a digit, so c_ was put in front")
     if clean in MODEL_CORE.names:
         clean = "meta_" + clean
+    elif clean.startswith("_"):
+        clean = "meta_" + clean
+        notes.append("names starting with _ are the catalog's own, so meta_ was put in front")
     if len(clean) > MAX_NAME:
         clean = clean[:MAX_NAME - 9] + "_" + hashlib.sha1(key.encode()).hexdigest()[:8]
         notes.append(f"cut to {MAX_NAME} characters")

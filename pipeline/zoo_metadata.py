@@ -29,9 +29,13 @@ from typing import Any
 from graphstore.column_types import BadValue, ColumnDecision, coerce, column_name, decide_types, type_label
 from pipeline import checkpoints
 from zoocore.errors import ZooGraphError
+from zoocore.names import inside_folder
 
 ON_BAD_VALUE = ("null", "refuse")
 MAX_LISTED = 10
+# A metrics.csv is read whole, so it is bounded: 64 MB holds a row of a few hundred fields for each of
+# a million models, ten times the largest published zoo.
+MAX_METRICS_BYTES = 64 << 20
 
 
 @dataclass
@@ -68,6 +72,10 @@ def parse_cell(text: str) -> Any:
 
 
 def _decode(path: Path) -> str:
+    size = path.stat().st_size
+    if size > MAX_METRICS_BYTES:
+        raise ZooGraphError(f"{path}: {size} bytes, over the limit of {MAX_METRICS_BYTES} for a metrics file "
+                            "(nothing was written)")
     data = path.read_bytes()
     try:
         return data.decode("utf-8-sig")
@@ -100,6 +108,7 @@ def read_metrics_csv(zoo_dir: Path, warnings: list[str]) -> dict[str, Row]:
     path = zoo_dir / "metrics.csv"
     if not path.exists():
         return {}
+    inside_folder(zoo_dir, path)
     out: dict[str, Row] = {}
     first_row: dict[str, int] = {}
     reader = csv.reader(io.StringIO(_decode(path), newline=""), strict=True)
@@ -170,7 +179,10 @@ def _listed_row(rows: dict[str, Row], checkpoint: Path, zoo_dir: Path, by_name: 
                 warnings: list[str]) -> Row:
     """The metrics.csv row of ``checkpoint``: by its path relative to the zoo, else by its bare file
     name when no other checkpoint of the zoo has that name."""
-    rel = metrics_key(str(checkpoint.resolve()), zoo_dir)
+    try:                # as found in the zoo: a link is listed by its own name, not its target's
+        rel = checkpoint.relative_to(zoo_dir).as_posix()
+    except ValueError:
+        rel = metrics_key(str(checkpoint.resolve()), zoo_dir)
     if rel in rows:
         return rows[rel]
     if checkpoint.name in rows:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from zoocore.errors import ZooGraphError
+from zoocore.names import inside_folder
 
 if TYPE_CHECKING:       # the registry is read by the CLI, which must not import torch to list formats
     from pipeline.neural_graph.convert import Converted, PlanCache
@@ -52,6 +53,11 @@ class ZooFormat:
         self.zoo_dir = Path(zoo_dir)
         self.settings = options
 
+    def inside(self, path: str | Path) -> Path:
+        """``path`` (a file or folder of the zoo), checked to resolve inside the zoo folder: a link
+        out of the zoo is refused by the path as given (CheckpointError), before anything is read."""
+        return inside_folder(self.zoo_dir, path, "the zoo folder")
+
     @staticmethod
     def choice(option: str, value: Any, choices: tuple[str, ...]) -> Any:
         """``value`` if it is one of ``choices``, else ZooGraphError naming the flag."""
@@ -84,3 +90,4 @@ class ZooFormat:
         """One member's neural graph (in a worker; ``metadata``: its raw attributes); raises for a
         member that cannot be read."""
         raise NotImplementedError
+

@@ -48,17 +48,21 @@ class CheckpointFolder(ZooFormat):
         return bool(list_checkpoints(zoo_dir))
 
     def _path(self, member: Member) -> Path:
-        return self.zoo_dir / member.key
+        path = Path(member.key)
+        return path if path.is_absolute() else self.zoo_dir / path
 
     def members(self) -> list[Member]:
         found = zoo_checkpoints(self.zoo_dir, self.files)
         root = self.zoo_dir.resolve()
         out = []
         for p in found:
-            try:
-                key = p.resolve().relative_to(root).as_posix()
+            try:                # the key names the member as found in the zoo, a link by its own name
+                key = p.relative_to(self.zoo_dir).as_posix()
             except ValueError:
-                key = str(p)
+                try:
+                    key = p.resolve().relative_to(root).as_posix()
+                except ValueError:      # a file given outside the zoo folder (jobs merge's output)
+                    key = str(p)
             out.append(Member(key, p.name))
         return out
 
@@ -72,5 +76,8 @@ class CheckpointFolder(ZooFormat):
 
     def convert(self, member: Member, metadata, cache: PlanCache) -> Converted:
         path = self._path(member)
+        if self.files is None:          # a member found in the zoo (not a file the caller named)
+            self.inside(path)
+            self.inside(checkpoints.sidecar_path(path))
         side = checkpoints.read_sidecar(path)
         return convert_checkpoint(path, side.get("architecture"), cache)

@@ -251,7 +251,7 @@ def test_hugging_face_folders_refuse_what_they_cannot_read_safely(tmp_path):
     res = _ingest(tmp_path / "zoo", tmp_path / "cat")
     assert res.exit_code == 1 and "Traceback" not in res.output and "1 new models" in res.output
     assert "shard '../../outside.safetensors' is not a file name in the folder" in res.output
-    assert "names no transformers model class" in res.output
+    assert "config.json key 'auto_map' can name code" in res.output
 
 
 @pytest.mark.slow          # trains a metanetwork / builds transformers
