@@ -12,12 +12,17 @@ Rules kept here:
   written (pipeline.zoo_metadata);
 - the graph store is reconciled with Parquet for every model of the zoo, so a re-run repairs a graph
   write that a crash or a held lock lost; when it cannot be, the report says what is missing;
-- memory is bounded by the part size, not by the zoo size.
+- memory is bounded by the part size, not by the zoo size;
+- converting one member has a time budget stated before it starts, from the bytes it stores
+  (``member_budget``): a member that takes longer is recorded as failed and the zoo goes on.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +45,37 @@ from pipeline.neural_graph.graph import NeuralGraph
 from pipeline.neural_graph.plan import Plan
 from pipeline.workers import process_pool
 from pipeline.zoo_metadata import ZooMetadata
-from zoocore.errors import ZooGraphError
+from zoocore.errors import CheckpointError, ZooGraphError
+
+# One member's conversion may take this long plus this much per stored megabyte: ResNet-50 (100 MB)
+# converts in under a minute on this project's 2-core machine, so the budget is generous for real
+# checkpoints and still ends a hostile one (an expression that never finishes evaluating) in minutes.
+MEMBER_SECONDS, SECONDS_PER_MB = 120.0, 2.0
+
+
+def member_budget(stored_bytes: int) -> float:
+    """The seconds converting a member that stores ``stored_bytes`` may take."""
+    return MEMBER_SECONDS + SECONDS_PER_MB * stored_bytes / 2 ** 20
+
+
+@contextlib.contextmanager
+def time_budget(seconds: float, what: str):
+    """Raise CheckpointError in this thread when the block runs past ``seconds`` (SIGALRM: the main
+    thread of a process only, which is where every conversion runs; elsewhere no budget)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def over(signum, frame):
+        raise CheckpointError(f"{what}: converting it took more than its budget of {seconds:.0f} s; stopped")
+
+    previous = signal.signal(signal.SIGALRM, over)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass
@@ -145,7 +180,8 @@ def convert_one(fmt: ZooFormat, member: Member, metadata: dict[str, Any] | None)
     if _CACHE is None:
         _CACHE = PlanCache()
     try:
-        conv = fmt.convert(member, metadata or {}, _CACHE)
+        with time_budget(member_budget(fmt.stored_bytes(member)), member.key):
+            conv = fmt.convert(member, metadata or {}, _CACHE)
         params = sum(int(conv.state[k].numel()) for op in conv.plan.ops
                      for k in (op.get("weight_key"), op.get("bias_key")) if k)
         program = (None, None)

@@ -53,6 +53,19 @@ class ZooFormat:
         self.zoo_dir = Path(zoo_dir)
         self.settings = options
 
+    def stored_bytes(self, member: Member) -> int:
+        """The bytes a member stores (its file, or the files of its folder): what its conversion's
+        time budget is derived from (pipeline.ingest.member_budget). 0 when it is a row of a file."""
+        path = self.zoo_dir / member.key
+        try:
+            if path.is_file():
+                return _on_disk(path)
+            if path.is_dir():
+                return sum(_on_disk(f) for f in path.iterdir() if f.is_file())
+        except OSError:
+            pass
+        return 0
+
     def inside(self, path: str | Path) -> Path:
         """``path`` (a file or folder of the zoo), checked to resolve inside the zoo folder: a link
         out of the zoo is refused by the path as given (CheckpointError), before anything is read."""
@@ -91,3 +104,9 @@ class ZooFormat:
         member that cannot be read."""
         raise NotImplementedError
 
+
+
+def _on_disk(path: Path) -> int:
+    """The bytes a file really stores: a sparse file's holes are not bytes."""
+    st = path.stat()
+    return min(st.st_size, getattr(st, "st_blocks", st.st_size // 512 + 1) * 512)

@@ -196,3 +196,33 @@ def test_columns_named_like_the_catalogs_own_are_renamed_and_the_catalog_stays_r
     _mlp_checkpoint(tmp_path / "zoo2" / "c.safetensors", seed=2)
     assert _ingest(tmp_path / "zoo2", tmp_path / "cat").exit_code == 0        # later ingests still work
     assert _sql(tmp_path / "cat", "SELECT count(*) AS n FROM models") == [{"n": 3}]
+
+
+# ----------------------------------------------------------------------------- time budget
+def test_a_member_conversion_that_runs_past_its_budget_is_stopped(tmp_path):
+    import time
+
+    from pipeline.ingest import member_budget, time_budget
+
+    assert member_budget(0) == 120.0 and member_budget(100 << 20) == 320.0
+    start = time.monotonic()
+    with pytest.raises(CheckpointError, match="m.pt2: converting it took more than its budget of 0 s"):
+        with time_budget(0.3, "m.pt2"):
+            while True:             # Python that never returns (sympy evaluating 9**9**9 is such code)
+                pass
+    assert time.monotonic() - start < 5
+    with time_budget(5, "fine"):    # a block that ends in time is untouched, and the alarm is off after
+        pass
+    time.sleep(0.4)
+
+
+def test_the_budget_counts_the_bytes_a_member_really_stores(tmp_path):
+    from pipeline.formats.base import Member
+    from pipeline.formats.checkpoint_folder import CheckpointFolder
+
+    with open(tmp_path / "sparse.pt2", "wb") as fh:
+        fh.truncate(1 << 30)                        # declares a gigabyte, stores nothing
+    (tmp_path / "dense.pt2").write_bytes(b"x" * 100_000)
+    fmt = CheckpointFolder(tmp_path)
+    assert fmt.stored_bytes(Member("sparse.pt2", "sparse.pt2")) < 1 << 20
+    assert fmt.stored_bytes(Member("dense.pt2", "dense.pt2")) == 100_000
