@@ -1,4 +1,9 @@
-"""Neo4j over Bolt with the official driver."""
+"""Neo4j over Bolt with the official driver.
+
+A user's query (``run``) is read record by record and stopped past ``MAX_ROWS`` rows, so a query
+such as ``UNWIND range(1, 1000000000) AS i RETURN i`` cannot fill this process's memory; the server's
+own memory per transaction is the server's setting (``db.memory.transaction.max``, set by the test
+server and docker-compose.yml)."""
 from __future__ import annotations
 
 import logging
@@ -16,6 +21,11 @@ _CONSTRAINTS = [
     "CREATE CONSTRAINT architecture_id IF NOT EXISTS FOR (n:Architecture) REQUIRE n.architecture_id IS UNIQUE",
     "CREATE CONSTRAINT layer_id IF NOT EXISTS FOR (n:Layer) REQUIRE n.layer_id IS UNIQUE",
 ]
+# At most this many rows of one user query are held here (a million rows of a few columns is some
+# hundreds of MB of Python objects); more is refused with the advice to add LIMIT.
+MAX_ROWS = 1_000_000
+
+
 def _plain(value: Any) -> Any:
     from neo4j.graph import Node, Relationship
 
@@ -92,7 +102,35 @@ class Neo4jStore(MetadataStore):
         self._execute(query, {"rows": rows})
 
     def _run(self, query: str, params: dict[str, Any]) -> QueryResult:
-        return self._execute(query, params, self.query_timeout)
+        if self._tx is not None:
+            return self._execute(query, params, self.query_timeout)
+        return self._bounded(query, params, self.query_timeout)
+
+    def _bounded(self, query: str, params: dict[str, Any], timeout: float | None) -> QueryResult:
+        """A user's query, its records read one by one and refused past ``MAX_ROWS``."""
+        import neo4j
+        from neo4j import exceptions as nx
+
+        mode = neo4j.READ_ACCESS if self.read_only else neo4j.WRITE_ACCESS
+        try:
+            with self._driver.session(database=self.settings.database, default_access_mode=mode) as session:
+                result = session.run(neo4j.Query(query, timeout=timeout) if timeout else query, params or {})
+                keys, rows = list(result.keys()), []
+                for record in result:
+                    if len(rows) == MAX_ROWS:
+                        raise StoreError(f"the query returns more than {MAX_ROWS} rows; add LIMIT (or aggregate)")
+                    rows.append([_plain(v) for v in record.values()])
+                summary = result.consume()
+        except nx.Neo4jError as exc:
+            if timeout and "TransactionTimedOut" in (exc.code or ""):
+                raise QueryTimeout(f"query stopped after {timeout:g} s (the time limit; raise it with "
+                                   "--timeout SECONDS, 0 for none)") from exc
+            raise StoreError(f"{exc.code}: {exc.message}") from exc
+        except (nx.ServiceUnavailable, nx.SessionExpired) as exc:
+            raise StoreError(f"lost the connection to Neo4j at {self.settings.uri}: {exc}") from exc
+        notices = [f"{n.get('code', '')}: {n.get('description', '')}".strip(": ")
+                   for n in (summary.notifications or [])]
+        return QueryResult(keys, rows, notices, getattr(summary, "query_type", None))
 
     def _check_plan(self, query: str, params: dict[str, Any]) -> None:
         """The server's own parser decides too: EXPLAIN plans the query without running it, and its

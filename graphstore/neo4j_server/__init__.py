@@ -80,6 +80,9 @@ class Neo4jServer:
             "server.http.enabled": "false", "server.https.enabled": "false",
             "dbms.security.auth_enabled": "false", "server.memory.pagecache.size": "128m",
             "dbms.usage_report.enabled": "false", "server.jvm.additional": "-XX:+UseG1GC",
+            # a query may not read the server's files (LOAD CSV FROM 'file:///...') nor take its memory
+            "dbms.security.allow_csv_import_from_file_urls": "false",
+            "db.memory.transaction.max": "512m",
         }
         cmd = ["java", *JVM_FLAGS, "-cp", f"{lib}/*", "org.neo4j.server.CommunityEntryPoint",
                f"--home-dir={self._home}", "--console-mode"]

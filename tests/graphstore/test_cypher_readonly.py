@@ -33,6 +33,11 @@ def attacks(tmp_path):
         "attach": "ATTACH 'other.lbug' AS other (dbtype lbug)",
         "setting": "CALL threads = 1",
         "procedure": "CALL dbms.security.createUser('x', 'y', false)",
+        # a clause glued to a number (issue #53): read as the engine reads it, a number then a word
+        "glued_load": "WITH 1 AS x LIMIT 1LOAD FROM '/etc/passwd' (header=false, delim=':', file_format='csv') "
+                      "RETURN *",
+        "glued_create": "MATCH (m:Model) RETURN m LIMIT 1CREATE (:Zoo {name: 'evil'})",
+        "glued_after_exponent": "WITH 1 AS x LIMIT 1e0LOAD FROM '/etc/passwd' (header=false) RETURN *",
     }
 
 
@@ -82,6 +87,33 @@ def test_cypher_is_read_only_on_ladybug(catalog_copy, tmp_path):
     assert res.exit_code == 0 and "root" in res.output     # what the default refuses is real
 
 
+def test_a_cypher_query_is_held_to_its_memory_limit_and_sees_no_files(catalog_copy):
+    """The embedded store's worker: an expression that would take gigabytes ends in one line at
+    --memory-limit, and even a statement that reached the engine would find no file outside it."""
+    import resource
+    import subprocess
+    import sys
+
+    from graphstore.metadata.ladybug_store import LadybugStore
+
+    with open_store(catalog_copy, use_env=False) as s:
+        sync_store(catalog_copy, s)
+    args = ["--catalog", str(catalog_copy), "--memory-limit", "512MB"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    res = subprocess.run([sys.executable, "-m", "graphstore.cli", "cypher",
+                          "UNWIND range(1, 1000000000) AS i RETURN collect(i)[0]", *args],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "more memory than its limit of 512MB" in res.stderr
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < max(before, 2_000_000)    # KB: under 2 GB
+    store = LadybugStore(catalog_copy / "graph.lbug", read_only=True)
+    store.isolated = True
+    with pytest.raises(StoreError, match="No file found"):      # past the gate (store.run calls it), in the worker
+        store._run("LOAD FROM '/etc/passwd' (file_format='csv', header=false, delim=':') RETURN *", {})
+    assert store._run(COUNT, {}).rows[0][0] > 0
+    store.close()
+
+
 def test_cypher_on_a_catalog_without_a_graph_store_says_so(tmp_path):
     res = _run(COUNT, "--catalog", str(tmp_path / "no-such-catalog"))
     assert res.exit_code == 1 and "no catalog at" in res.output and "pipeline ingest" in res.output
@@ -99,6 +131,17 @@ def test_cypher_is_read_only_on_neo4j(catalog_copy, neo4j_settings, tmp_path):
         with pytest.raises(StoreError, match="AccessMode"):
             s._run("CREATE (:Zoo {name: 'evil'})", {})
         assert s.run(COUNT).rows[0][0] > 0
+        # a result too large to hold is refused as it streams in, not after
+        from graphstore.metadata import neo4j_store
+
+        cap, neo4j_store.MAX_ROWS = neo4j_store.MAX_ROWS, 1000
+        try:
+            with pytest.raises(StoreError, match="more than 1000 rows; add LIMIT"):
+                s.run("UNWIND range(1, 100000000) AS i RETURN i")
+        finally:
+            neo4j_store.MAX_ROWS = cap
+        with pytest.raises(StoreError):              # the server reads no file of its own
+            s._run("LOAD CSV FROM 'file:///etc/passwd' AS line RETURN line", {})
 
 
 @pytest.mark.parametrize("query", [
@@ -128,6 +171,10 @@ def test_reads_pass_the_clause_check(query):
     "LOAD FROM \"/etc/passwd\" RETURN *",
     "/* */ COPY Model FROM '/tmp/x.csv'",
     "EXPORT DATABASE '/tmp/out'",
+    "WITH 1 AS x LIMIT 1LOAD FROM '/etc/passwd' RETURN *",
+    "RETURN 1 LIMIT 0x1CREATE (:X)",
+    "RETURN 1 LIMIT 1_COPY Model FROM 'x'",
+    "RETURN 1 LIMIT １LOAD FROM 'x' RETURN *",
 ])
 def test_writes_and_files_fail_the_clause_check(query):
     with pytest.raises(CypherRefused):
