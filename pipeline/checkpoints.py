@@ -3,7 +3,9 @@
 No byte of a checkpoint reaches ``torch.load``, ``torch.jit.load``, ``torch.export.load`` or
 ``pickle``: ``.safetensors`` files are read by safetensors, ``.pt``/``.pth`` zip archives and the
 insides of ``.pt2`` archives by ``pipeline.torch_archive`` (its own restricted unpickler; TorchScript
-archives and legacy pickle files are refused by name before anything is loaded).
+archives and legacy pickle files are refused by name before anything is loaded). A checkpoint file
+over 64 MiB that is mostly holes (a sparse file) is refused before it is read, since its holes would
+be read back as zeros (``torch_archive.refuse_sparse``).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pipeline import torch_archive
 from zoocore.errors import CheckpointError, first_line
 
 CHECKPOINT_SUFFIXES = (".pt2", ".pt", ".pth", ".safetensors")
-MAX_SIDECAR_BYTES = 16 * 2**20
+MAX_SIDECAR_BYTES = 16 * 2**20      # a sidecar or spec is a few kB of JSON; at most this much is read
 
 
 def load_exported(path: str | Path):
@@ -30,6 +32,7 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if path.suffix != ".safetensors":
         return torch_archive.load_tensor_dict(path, str(path))
+    torch_archive.refuse_sparse(path, str(path))     # load_file allocates the file's length
     try:
         from safetensors.torch import load_file
 
@@ -72,11 +75,13 @@ def read_json_object(path: str | Path, what: str = "JSON file") -> dict[str, Any
     """A JSON object from a file a user gave (a sidecar, a spec): size- and depth-checked, one-line
     errors."""
     path = Path(path)
-    if path.stat().st_size > MAX_SIDECAR_BYTES:
+    with open(path, "rb") as fh:
+        raw = fh.read(MAX_SIDECAR_BYTES + 1)         # never more than the limit, whatever stat said
+    if len(raw) > MAX_SIDECAR_BYTES:
         raise CheckpointError(f"{path}: a {what} of {path.stat().st_size} bytes, over the limit of "
                               f"{MAX_SIDECAR_BYTES}")
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: invalid {what}: {first_line(exc)}") from exc
     except RecursionError:

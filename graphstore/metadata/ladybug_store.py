@@ -175,9 +175,12 @@ class LadybugStore(MetadataStore):
         try:
             out = run_worker("graphstore.metadata.cypher_worker", request, self.query_timeout)
         except WorkerFailed as exc:
-            if exc.kind == "memory" or exc.signal_name in ("SIGSEGV", "SIGABRT", "SIGKILL", "SIGBUS"):
-                raise StoreError(f"the query needs more memory than its limit of {setting} (--memory-limit), "
-                                 "or crashed the engine; nothing was changed") from None
+            if exc.kind == "memory":
+                raise StoreError(f"the query needs more memory than its limit of {setting} (--memory-limit); "
+                                 "nothing was changed") from None
+            if exc.kind == "crash":
+                raise StoreError(f"the query stopped its worker process with {exc.signal_name} (a crash of the "
+                                 f"engine, or its memory limit of {setting}); nothing was changed") from None
             raise StoreError(exc.message) from None
         answer = json.loads(out)
         return QueryResult(answer["columns"], answer["rows"])

@@ -21,12 +21,13 @@ checkpoints pickle an OmegaConf configuration object that the restricted unpickl
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from pipeline import torch_archive
-from pipeline.checkpoints import MAX_SIDECAR_BYTES, read_json_object
+from pipeline.checkpoints import read_json_object
 from pipeline.formats.base import STEPS, Member, ZooFormat
 from pipeline.neural_graph.convert import Converted, PlanCache, convert_state_dict
 from pipeline.zoo_metadata import ZooMetadata, table_rows
@@ -36,6 +37,9 @@ ARCHITECTURES = {"CNN": {"side": 28, "pooled_convs": 2}, "CNN3": {"side": 32, "p
 ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "gelu": "gelu", "silu": "silu",
                "leakyrelu": "leaky_relu", "leaky_relu": "leaky_relu", "elu": "elu", "identity": "identity"}
 SENTINEL = -999
+MAX_RESULT_BYTES = 64 * 2**20       # result.json: one line per epoch of ~1-5 kB (ray-tune logs its config too);
+#                                     64 MiB is 10,000 epochs of 6 kB
+MAX_RESULT_LINE_BYTES = 2**20       # one epoch's line; a line is read only up to this, then refused
 _CHECKPOINT = re.compile(r"^checkpoint_(\d+)$")
 _KEY = re.compile(r"^module_list\.(\d+)\.(weight|bias)$")
 
@@ -51,19 +55,30 @@ def checkpoints_of(folder: Path) -> list[tuple[int, Path]]:
 
 
 def results_by_epoch(folder: Path) -> dict[int, dict[str, Any]]:
-    """``result.json`` lines by ``training_iteration`` (scalars only; an unreadable line is skipped)."""
+    """``result.json`` lines by ``training_iteration`` (scalars only; an unreadable line is skipped).
+    A file over ``MAX_RESULT_BYTES`` or a line over ``MAX_RESULT_LINE_BYTES`` is refused
+    (ZooGraphError) before it is read; at most ``MAX_RESULT_BYTES`` are read."""
     path = folder / "result.json"
-    if not path.is_file() or path.stat().st_size > 64 * MAX_SIDECAR_BYTES:
+    if not path.is_file():
         return {}
     out = {}
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("training_iteration"), int):
-            out[rec["training_iteration"]] = {k: v for k, v in rec.items()
-                                              if isinstance(v, (int, float, str, bool)) or v is None}
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > MAX_RESULT_BYTES:
+            raise ZooGraphError(f"{path}: {size} bytes, over the limit of {MAX_RESULT_BYTES} for a result.json "
+                                "(one line per epoch); nothing was ingested")
+        lines = iter(lambda: fh.readline(MAX_RESULT_LINE_BYTES + 1), b"")
+        for number, raw in enumerate(lines, start=1):
+            if len(raw) > MAX_RESULT_LINE_BYTES or fh.tell() > MAX_RESULT_BYTES:
+                raise ZooGraphError(f"{path}: line {number} is over {MAX_RESULT_LINE_BYTES} bytes (or the file grew "
+                                    f"past {MAX_RESULT_BYTES}); one epoch's results are a few kB; nothing was ingested")
+            try:
+                rec = json.loads(raw.decode("utf-8", errors="replace"))
+            except (json.JSONDecodeError, RecursionError):
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("training_iteration"), int):
+                out[rec["training_iteration"]] = {k: v for k, v in rec.items()
+                                                  if isinstance(v, (int, float, str, bool)) or v is None}
     return out
 
 
@@ -131,6 +146,8 @@ class ModelZoos(ZooFormat):
             ckpt = self.zoo_dir / m.key
             trial, epoch = ckpt.parent.parent, int(_CHECKPOINT.match(ckpt.parent.name).group(1))
             if trial not in trials:
+                self.inside(trial / "params.json")       # a link out of the zoo refuses the zoo, by name
+                self.inside(trial / "result.json")
                 try:
                     params = read_json_object(trial / "params.json", "params.json")
                 except Exception:       # reported with the member's conversion
@@ -150,7 +167,7 @@ class ModelZoos(ZooFormat):
         return meta
 
     def convert(self, member: Member, metadata: dict[str, Any], cache: PlanCache) -> Converted:
-        path = self.zoo_dir / member.key
+        path = self.inside(self.zoo_dir / member.key)
         kind = metadata.get("model::type")
         if kind not in ARCHITECTURES:
             raise CheckpointError(f"model::type {kind!r} is not covered (covered: {', '.join(ARCHITECTURES)})")

@@ -29,6 +29,7 @@ import io
 import math
 import os
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ import torch
 
 from pipeline.formats.base import STEPS, Member, ZooFormat
 from pipeline.neural_graph.convert import Converted, PlanCache, convert_state_dict
+from pipeline.torch_archive import refuse_sparse
 from pipeline.zoo_metadata import ZooMetadata, parse_cell, table_rows
 from zoocore.errors import CheckpointError, ZooGraphError
 
@@ -45,6 +47,18 @@ SIDES = {"mnist": 28, "fashion_mnist": 28, "cifar10": 32, "svhn_cropped": 32, "s
 ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "elu": "elu", "linear": "identity",
                "identity": "identity", "gelu": "gelu", "swish": "silu", "silu": "silu", "relu6": "relu6"}
 PADDINGS = ("valid", "same")
+
+# Bounds, each checked before the bytes it bounds are read.
+MAX_LAYOUT_BYTES = 2**20            # layout.csv: one short line per variable (8 in the published zoo)
+MAX_ROW_COLUMNS = 2**20             # parameters per row: the published network has 4,970; a row is read whole for
+#                                     each model (4 MiB of float32 at this bound)
+MAX_INDEX_DIGITS = 10               # a start_idx/end_idx or a shape dimension: at most MAX_ROW_COLUMNS anyway
+MAX_NPY_HEADER_BYTES = 10_000       # numpy's own max_header_size: the header is a short dict literal
+MAX_METRICS_RATIO = 200             # metrics.csv.gz inflates at most 200x: CSV text deflates 5-20x, a bomb 1000x
+METRICS_RATIO_FREE_BYTES = 2**20    # ... except its first MiB (a tiny file of repeated rows deflates further)
+MAX_METRICS_BYTES = 2**30           # and at most 1 GiB in all: the published 270,000 rows inflate to ~100 MB
+MAX_METRICS_ROW_BYTES = 2**20       # one CSV record (a quoted field's lines included): the published ones are
+#                                     ~300 bytes; a record is split into its fields only once it fits
 
 
 # --------------------------------------------------------------------------- layout.csv
@@ -56,28 +70,48 @@ def _column(header: list[str], name: str, where: str) -> int:
     return low.index(name)
 
 
-def _shape(text: str) -> tuple[int, ...]:
-    return tuple(int(d) for d in re.findall(r"\d+", text))
+def _index(text: str, path: Path, row: int, column: str) -> int:
+    """A column index of layout.csv: a whole number (``16`` or ``16.0``), at most ``MAX_INDEX_DIGITS``
+    digits; ZooGraphError, one line, for anything else (``inf``, ``nan``, ``-1``, ``1.5``)."""
+    m = re.fullmatch(r"\+?(\d{1,%d})(?:\.0*)?" % MAX_INDEX_DIGITS, text.strip())
+    if m is None:
+        raise ZooGraphError(f"{path}: row {row}: {column} {text.strip()[:20]!r} is not a column index (a whole "
+                            "number from 0); nothing was written")
+    return int(m.group(1))
+
+
+def _shape(text: str, path: Path, row: int) -> tuple[int, ...]:
+    dims = re.findall(r"\d+", text)
+    if len(dims) > 4 or any(len(d) > MAX_INDEX_DIGITS for d in dims):
+        raise ZooGraphError(f"{path}: row {row}: shape {text.strip()[:40]!r} is not the shape of a kernel or a bias; "
+                            "nothing was written")
+    return tuple(int(d) for d in dims)
 
 
 def read_layout(path: Path) -> list[tuple[str, int, int, tuple[int, ...]]]:
     """(variable, start, end (exclusive), shape) in column order; ZooGraphError for a layout this
-    importer cannot read."""
+    importer cannot read. At most ``MAX_LAYOUT_BYTES`` are read."""
     try:
-        rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8-sig"))))
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_LAYOUT_BYTES + 1)
+        if len(raw) > MAX_LAYOUT_BYTES:
+            raise ZooGraphError(f"{path}: over {MAX_LAYOUT_BYTES} bytes, not a layout of a few variables; nothing "
+                                "was written")
+        rows = list(csv.reader(io.StringIO(raw.decode("utf-8-sig"))))
     except (UnicodeDecodeError, csv.Error) as exc:
         raise ZooGraphError(f"{path}: not a readable CSV file ({exc}); nothing was written") from None
     if not rows:
         raise ZooGraphError(f"{path} is empty; nothing was written")
-    header, body = rows[0], [r for r in rows[1:] if any(c.strip() for c in r)]
+    header = rows[0]
     cols = [_column(header, n, str(path)) for n in ("varname", "start_idx", "end_idx", "shape")]
     out = []
-    try:
-        for r in body:
-            out.append((r[cols[0]].strip(), int(float(r[cols[1]])), int(float(r[cols[2]])), _shape(r[cols[3]])))
-    except (IndexError, ValueError):
-        raise ZooGraphError(f"{path}: row {len(out) + 2} is not varname, start_idx, end_idx, shape; "
-                            "nothing was written") from None
+    for line, r in enumerate(rows[1:], start=2):
+        if not any(c.strip() for c in r):
+            continue
+        if len(r) <= max(cols):
+            raise ZooGraphError(f"{path}: row {line} is not varname, start_idx, end_idx, shape; nothing was written")
+        out.append((r[cols[0]].strip(), _index(r[cols[1]], path, line, "start_idx"),
+                    _index(r[cols[2]], path, line, "end_idx"), _shape(r[cols[3]], path, line)))
     out.sort(key=lambda v: v[1])
     sizes = [math.prod(s) for *_, s in out]
     if all(e - s == n for (_, s, e, _), n in zip(out, sizes)):
@@ -185,7 +219,12 @@ class NpyRows:
     """Rows of a 2-d float ``.npy`` matrix read one at a time with ``pread``: never the whole
     matrix, and no memory map either (pages of a map that rows were read from count as the
     process's resident memory until it ends: a 5.4 GB matrix would grow every worker by the
-    part it read). The header is parsed by numpy without pickle; an object array is refused."""
+    part it read). The header is parsed by numpy without pickle; an object array is refused.
+
+    Budget, checked before any row is read: a header of at most ``MAX_NPY_HEADER_BYTES``, a row
+    of at most ``MAX_ROW_COLUMNS`` values (one row is held at a time), and rows x columns x item
+    size equal to the bytes after the header, stored on disk (a truncated, padded or sparse file
+    is refused)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -196,19 +235,33 @@ class NpyRows:
                         (2, 0): np.lib.format.read_array_header_2_0}.get(version)
                 if read is None:
                     raise ValueError(f".npy format version {version}")
-                shape, fortran, dtype = read(fh)
+                start = fh.tell()
+                length = fh.read(2 if version == (1, 0) else 4)
+                declared = struct.unpack("<H" if version == (1, 0) else "<I", length)[0]
+                if declared > MAX_NPY_HEADER_BYTES:
+                    raise ValueError(f"a header of {declared} bytes, over the limit of {MAX_NPY_HEADER_BYTES}")
+                fh.seek(start)
+                shape, fortran, dtype = read(fh, max_header_size=MAX_NPY_HEADER_BYTES)
                 self.offset = fh.tell()
-        except (ValueError, OSError) as exc:
+        except (ValueError, OSError, struct.error) as exc:
             raise ZooGraphError(f"{path}: not a readable .npy matrix ({str(exc).splitlines()[0]}); "
                                 "nothing was written") from None
-        if len(shape) != 2 or dtype.kind != "f" or dtype.hasobject or fortran:
+        if len(shape) != 2 or dtype.kind != "f" or dtype.hasobject or fortran or min(shape) < 0:
             raise ZooGraphError(f"{path}: expected a 2-d float matrix in C order, found {dtype} of shape "
                                 f"{list(shape)}{' (Fortran order)' if fortran else ''}; nothing was written")
+        if not 0 < shape[1] <= MAX_ROW_COLUMNS:
+            raise ZooGraphError(f"{path}: rows of {shape[1]} values, outside 1 to {MAX_ROW_COLUMNS} (the published "
+                                "networks have 4,970); nothing was written")
         self.shape, self.dtype = tuple(shape), dtype
         self.row_bytes = shape[1] * dtype.itemsize
-        if path.stat().st_size < self.offset + shape[0] * self.row_bytes:
-            raise ZooGraphError(f"{path} is shorter than its header says ({list(shape)} of {dtype}); "
-                                "nothing was written")
+        stored = path.stat().st_size - self.offset
+        if stored != shape[0] * self.row_bytes:
+            raise ZooGraphError(f"{path} holds {stored} bytes of data, its header ({list(shape)} of {dtype}) declares "
+                                f"{shape[0] * self.row_bytes}; nothing was written")
+        try:
+            refuse_sparse(path, str(path))
+        except CheckpointError as exc:
+            raise ZooGraphError(f"{exc}; nothing was written") from None
         self._fd: int | None = None
 
     def __getitem__(self, i: int) -> np.ndarray:
@@ -218,6 +271,37 @@ class NpyRows:
         if len(data) != self.row_bytes:
             raise CheckpointError(f"{self.path}: row {i} is cut short")
         return np.frombuffer(data, self.dtype).astype(np.float32)
+
+
+class _MetricsLines:
+    """The text lines of metrics.csv.gz for ``csv.reader``, inflated within a budget stated before
+    reading: at most ``MAX_METRICS_RATIO`` times the compressed size (past the first
+    ``METRICS_RATIO_FREE_BYTES``) and ``MAX_METRICS_BYTES`` in all, a line read only up to
+    ``MAX_METRICS_ROW_BYTES``, and a record (its caller resets ``record_bytes`` after each) of at
+    most that many bytes over its lines; ZooGraphError, one line, past any of them."""
+
+    def __init__(self, gz: gzip.GzipFile, path: Path, compressed: int):
+        self.gz, self.path = gz, path
+        self.budget = min(max(MAX_METRICS_RATIO * compressed, METRICS_RATIO_FREE_BYTES), MAX_METRICS_BYTES)
+        self.inflated = self.record_bytes = self.line = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        data = self.gz.readline(MAX_METRICS_ROW_BYTES + 1)
+        if not data:
+            raise StopIteration
+        self.line += 1
+        self.inflated += len(data)
+        self.record_bytes += len(data)
+        if self.record_bytes > MAX_METRICS_ROW_BYTES:
+            raise ZooGraphError(f"{self.path}: line {self.line} ends a record of over {MAX_METRICS_ROW_BYTES} bytes "
+                                "(a metrics row is a few hundred); nothing was written")
+        if self.inflated > self.budget:
+            raise ZooGraphError(f"{self.path}: inflates past {self.budget} bytes (at most {MAX_METRICS_RATIO}x its "
+                                f"compressed size and {MAX_METRICS_BYTES} bytes); nothing was written")
+        return data.decode("utf-8-sig" if self.line == 1 else "utf-8")
 
 
 # --------------------------------------------------------------------------- the format
@@ -244,12 +328,12 @@ class SmallCNNZoo(ZooFormat):
     # ------------------------------------------------------------------ main process
     def weights(self) -> "NpyRows":
         if self._weights is None:
-            self._weights = NpyRows(self.zoo_dir / "weights.npy")
+            self._weights = NpyRows(self.inside(self.zoo_dir / "weights.npy"))
         return self._weights
 
     def layers(self) -> list[dict[str, Any]]:
         if self._layers is None:
-            path = self.zoo_dir / "layout.csv"
+            path = self.inside(self.zoo_dir / "layout.csv")
             layers = layers_of(read_layout(path), str(path))
             width = max(l[k][1] for l in layers for k in ("kernel", "bias") if l[k])
             cols = self.weights().shape[1]
@@ -260,22 +344,25 @@ class SmallCNNZoo(ZooFormat):
 
     def members(self) -> list[Member]:
         self.layers()
-        path = self.zoo_dir / "metrics.csv.gz"
+        path = self.inside(self.zoo_dir / "metrics.csv.gz")
         rows = self.weights().shape[0]
         out: list[Member] = []
         runs: set[str] = set()
         final_runs: set[str] = set()
         count = 0
         try:
-            with gzip.open(path, "rt", encoding="utf-8-sig", newline="") as fh:
-                reader = csv.reader(fh)
+            with open(path, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz:
+                lines = _MetricsLines(gz, path, os.fstat(raw.fileno()).st_size)
+                reader = csv.reader(lines)
                 names = [h.strip() for h in next(reader, None) or []]
+                lines.record_bytes = 0
                 step_i = _column(names, "step", str(path))
                 run_i = _column(names, "modeldir", str(path))
                 lower = [h.lower() for h in names]
                 epochs_i = lower.index("config.epochs") if "config.epochs" in lower else None
                 keep = [i for i, h in enumerate(names) if h and not h.lower().startswith("unnamed")]
                 for row in reader:
+                    lines.record_bytes = 0
                     if not row:
                         continue
                     n, count = count, count + 1

@@ -226,3 +226,26 @@ def test_the_budget_counts_the_bytes_a_member_really_stores(tmp_path):
     fmt = CheckpointFolder(tmp_path)
     assert fmt.stored_bytes(Member("sparse.pt2", "sparse.pt2")) < 1 << 20
     assert fmt.stored_bytes(Member("dense.pt2", "dense.pt2")) == 100_000
+
+
+@pytest.mark.parametrize("fmt, name", [("small-cnn-zoo", "layout.csv"), ("small-cnn-zoo", "weights.npy"),
+                                       ("small-cnn-zoo", "metrics.csv.gz"), ("model-zoos", "result.json"),
+                                       ("model-zoos", "params.json")])
+def test_the_published_formats_refuse_files_that_link_out(tmp_path, fmt, name):
+    from tests.fixtures.model_zoos import write_model_zoo
+    from tests.fixtures.small_cnn_zoo import write_small_cnn_zoo
+
+    zoo = tmp_path / "zoo"
+    if fmt == "small-cnn-zoo":
+        write_small_cnn_zoo(zoo, n_runs=2)
+        target = zoo / name
+    else:
+        write_model_zoo(zoo, n_models=1, epochs=(0,))
+        target = next(zoo.rglob(name))
+    outside = tmp_path / "elsewhere" / name
+    outside.parent.mkdir()
+    shutil.move(target, outside)
+    target.symlink_to(outside)
+    res = _ingest(zoo, tmp_path / "cat")
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert f"{name}: resolves outside the zoo folder" in res.output, res.output
