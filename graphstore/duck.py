@@ -15,7 +15,7 @@ from graphstore.schema import FIXED_SCHEMAS, INGEST_RELATIONS, RESULT_RELATIONS
 _FIRST_COPY = ("SELECT * EXCLUDE (_rn, _file) FROM (SELECT *, row_number() OVER (PARTITION BY model_id "
                "ORDER BY ingested_at, _file) AS _rn FROM {src}) WHERE _rn = 1")
 _DEDUP = {
-    "architectures": "SELECT * EXCLUDE (_rn) FROM (SELECT *, row_number() OVER (PARTITION BY architecture_id "
+    "architectures": "SELECT * EXCLUDE (_rn, _file) FROM (SELECT *, row_number() OVER (PARTITION BY architecture_id "
                      "ORDER BY {order}) AS _rn FROM {src}) WHERE _rn = 1",
     "ingest_errors": "SELECT * EXCLUDE (_rn) FROM (SELECT *, row_number() OVER (PARTITION BY source_path "
                      "ORDER BY failed_at DESC) AS _rn FROM {src}) WHERE _rn = 1 "
@@ -28,6 +28,21 @@ _SHADOWED = ("SELECT model_id, regexp_replace(_file, '/[^/]*$', '') AS part FROM
 _PER_MODEL = ("layers", "nodes", "edges")
 _WITHOUT_SHADOWED = ("SELECT x.* EXCLUDE (_file) FROM {src} x ANTI JOIN _shadowed s "
                      "ON s.model_id = x.model_id AND s.part = regexp_replace(x._file, '/[^/]*$', '')")
+# The ``architectures`` view has one row per architecture (for its plan and summary); a model's own
+# spec and program come from the rows of its own part and zoo, never another zoo's: one zoo's .pt2
+# archive must not become the network of every model of its architecture (see
+# jobs.analysis.catalog_models). ``_architecture_rows``: every architectures row with its part and
+# that part's zoo; ``_model_parts``: the part and zoo of each model's first committed row.
+_ARCHITECTURE_ROWS = ("SELECT a.*, z.zoo FROM (SELECT architecture_id, plan_json, spec_json, {program}, "
+                      "regexp_replace(_file, '/[^/]*$', '') AS part FROM {src}) a LEFT JOIN (SELECT DISTINCT zoo, "
+                      "regexp_replace(_file, '/[^/]*$', '') AS part FROM {models}) z USING (part)")
+_MODEL_PARTS = ("SELECT model_id, zoo, part FROM (SELECT model_id, zoo, regexp_replace(_file, '/[^/]*$', '') "
+                "AS part, row_number() OVER (PARTITION BY model_id ORDER BY ingested_at, _file) AS _rn FROM {src}) "
+                "WHERE _rn = 1")
+_NO_ROWS = {"_architecture_rows": "SELECT NULL::VARCHAR AS architecture_id, NULL::VARCHAR AS plan_json, NULL::VARCHAR "
+                                  "AS spec_json, NULL::VARCHAR AS program_json, NULL::BLOB AS program_tensors, "
+                                  "NULL::VARCHAR AS part, NULL::VARCHAR AS zoo WHERE false",
+            "_model_parts": "SELECT NULL::VARCHAR AS model_id, NULL::VARCHAR AS zoo, NULL::VARCHAR AS part WHERE false"}
 
 
 def _source(files, with_file: bool = False) -> str:
@@ -66,16 +81,36 @@ def connect(catalog: Catalog | str, relations: Sequence[str] | None = None) -> d
         elif relation in _PER_MODEL and shadowed:
             body = _WITHOUT_SHADOWED.format(src=_source(files, True))
         elif relation == "architectures":
-            src = _source(files)
+            src = _source(files, True)
             cols = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
-            # the row that kept the architecture's program, where one did (parts written since)
-            body = _DEDUP[relation].format(src=src, order="program_json IS NULL" if "program_json" in cols
-                                           else "architecture_id")
+            # the first committed row that kept the architecture's program, where one did (parts written
+            # since); a model's own program is looked up by part and zoo (_architecture_rows), not here
+            body = _DEDUP[relation].format(src=src, order="program_json IS NULL, _file" if "program_json" in cols
+                                           else "_file")
         else:
             body = _DEDUP.get(relation, "SELECT * FROM {src}").format(src=_source(files))
         con.execute(f"CREATE OR REPLACE VIEW {relation} AS {body}")
         _add_missing_columns(con, relation, body)
+        if relation == "architectures":
+            _architecture_parts(con, files, model_files or catalog.files("models"))
     return con
+
+
+def _architecture_parts(con, files, model_files) -> None:
+    """The views ``_architecture_rows`` and ``_model_parts`` (see ``_ARCHITECTURE_ROWS``): typed and
+    empty where the catalog has no files; a part written before programs were kept has none."""
+    bodies = dict(_NO_ROWS)
+    if model_files:
+        models = _source(model_files, True)
+        bodies["_model_parts"] = _MODEL_PARTS.format(src=models)
+        if files:
+            src = _source(files, True)
+            cols = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+            program = "program_json, program_tensors" if "program_json" in cols else \
+                "NULL::VARCHAR AS program_json, NULL::BLOB AS program_tensors"
+            bodies["_architecture_rows"] = _ARCHITECTURE_ROWS.format(src=src, program=program, models=models)
+    for name, body in bodies.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
 
 
 _SQL_TYPES = {pa.string(): "VARCHAR", pa.float64(): "DOUBLE", pa.float32(): "FLOAT", pa.int64(): "BIGINT",

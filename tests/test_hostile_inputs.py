@@ -170,6 +170,7 @@ def test_a_crash_of_the_graph_engine_stays_in_its_worker(tmp_path):
     assert store.run("MATCH (m:Model) RETURN count(m)").rows == [[2]]
     started = time.monotonic()
     store.query_timeout = 1.0
+    store.memory_limit = "16GB"          # the time limit, not the memory limit, is what stops it here
     with pytest.raises(Exception, match="stopped after 1 s"):
         store.run("RETURN size(range(1, 300000000))")
     assert time.monotonic() - started < 2.0              # within a second of the limit

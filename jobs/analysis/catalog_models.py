@@ -6,9 +6,18 @@ operations the exact inverse needs) and its buffers give back the checkpoint bit
 graph: from its JSON spec, or the program kept at ingest for torch.export archives), so jobs that
 need the network itself (merging, evaluation, layerwise equivariance) never go looking for the
 original file, whatever format it came in.
+
+A model's plan, spec and program are its own: read from the architectures row of the part its
+``models`` row comes from, or, where that part kept no program (an ingest keeps each
+architecture's program once), from its own zoo's rows of that architecture when their programs
+are one program by content hash. Never from another zoo: architectures are shared by signature,
+so one zoo's ``.pt2`` archive would otherwise become the network of every model of its
+architecture, other zoos' included. The program is checked again before it runs
+(``runnable.program_from_catalog``, ``runnable.Network``).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -24,12 +33,16 @@ from pipeline.neural_graph.runnable import Network, exported_from_spec, program_
 from pipeline.spec import build_module
 from zoocore.errors import JobError
 
-MODEL_ROW = ("SELECT m.model_id, m.architecture_id, m.checkpoint, m.metadata_json, a.plan_json, a.spec_json, "
-             "a.program_json, a.program_tensors FROM models m JOIN architectures a USING (architecture_id) "
+MODEL_ROW = ("SELECT m.model_id, m.architecture_id, m.checkpoint, m.metadata_json, a.plan_json, p.zoo, p.part "
+             "FROM models m JOIN architectures a USING (architecture_id) JOIN _model_parts p USING (model_id) "
              "WHERE m.model_id = ?")
-# (architecture id, its spec or program) -> the exported graph, the newest EXPORTED_CACHE kept: the
-# signature leaves parameter names out, so two catalogs' programs of one architecture may name them apart
-_EXPORTED: OrderedDict[tuple[str, int], Any] = OrderedDict()
+# the architecture's rows in the model's own zoo (graphstore.duck: one per part that wrote it)
+OWN_ZOO_ROWS = ("SELECT part, plan_json, spec_json, program_json, program_tensors FROM _architecture_rows "
+                "WHERE architecture_id = ? AND zoo = ? ORDER BY part")
+# (architecture id, content hash of its spec or program) -> the exported graph, the newest
+# EXPORTED_CACHE kept: the signature leaves parameter names out, so two catalogs' programs of one
+# architecture may name them apart, and two zoos' programs may differ in their tensors
+_EXPORTED: OrderedDict[tuple[str, str], Any] = OrderedDict()
 EXPORTED_CACHE = 64
 
 
@@ -61,7 +74,8 @@ class CatalogModel:
         """The architecture's exported graph run on this model's weights (or ``state``): every
         converted model has one, and its ``taps`` give each neuron layer's value."""
         state = self.state_dict() if state is None else state
-        key = (self.architecture_id, hash(self.program[0] or json.dumps(self.spec, sort_keys=True)))
+        key = (self.architecture_id, program_hash(*self.program) if self.program[0] is not None
+               else json.dumps(self.spec, sort_keys=True))
         exported = _EXPORTED.get(key)
         if exported is None:
             if self.spec is not None:
@@ -70,25 +84,54 @@ class CatalogModel:
                 exported = program_from_catalog(*self.program, state, f"model {self.model_id}")
             else:
                 raise JobError(f"model {self.model_id}'s network cannot be rebuilt: it has no JSON spec and its "
-                               "architecture was ingested before programs were kept (ingest its zoo again "
-                               "into a new catalog)")
+                               "zoo kept no program of its architecture (ingested before programs were kept: "
+                               "ingest its zoo again into a new catalog)")
             _EXPORTED[key] = exported
             while len(_EXPORTED) > EXPORTED_CACHE:
                 _EXPORTED.popitem(last=False)
         _EXPORTED.move_to_end(key)
-        return Network(exported, state).eval()
+        return Network(exported, state, f"model {self.model_id}").eval()
+
+
+def program_hash(program_json: str | None, program_tensors: bytes | None) -> str:
+    """sha256 over a kept program's JSON and its tensors: two rows keep one program when equal."""
+    h = hashlib.sha256((program_json or "").encode())
+    h.update(b"|tensors|" + (program_tensors or b""))
+    return h.hexdigest()
+
+
+def own_architecture(con, model_id: str, architecture_id: str, zoo: str, part: str) -> tuple:
+    """(plan JSON or None, spec JSON or None, (program JSON, program tensors)) of ``model_id``: its own
+    part's architectures row, a program from its own zoo's other rows only when they keep one
+    program by content hash (see the module docstring)."""
+    rows = con.execute(OWN_ZOO_ROWS, [architecture_id, zoo]).fetchall()
+    own = next((r for r in rows if r[0] == part), None)
+    plan_json, spec_json = (own[1], own[2]) if own else (None, None)
+    if spec_json is None:
+        spec_json = next((r[2] for r in rows if r[2]), None)
+    if spec_json is not None:                   # the spec's own module runs: no program is read
+        return plan_json, spec_json, (None, None)
+    if own is not None and own[3] is not None:
+        return plan_json, spec_json, (own[3], own[4])
+    kept = {program_hash(r[3], r[4]): (r[3], r[4]) for r in rows if r[3] is not None}
+    if len(kept) > 1:
+        raise JobError(f"model {model_id}: its zoo {zoo!r} keeps {len(kept)} different programs of architecture "
+                       f"{architecture_id} and its own part none; which one is its network is not known (ingest "
+                       "the zoo again into a new catalog)")
+    return plan_json, spec_json, next(iter(kept.values()), (None, None))
 
 
 def load_model(con, model_id: str) -> CatalogModel:
-    """Rebuild ``model_id`` from the catalog's models, architectures, nodes and edges."""
+    """Rebuild ``model_id`` from the catalog's models, its own architectures rows, nodes and edges."""
     row = con.execute(MODEL_ROW, [model_id]).fetchone()
     if row is None:
         raise JobError(f"no model {model_id!r} in the catalog")
-    _, arch, checkpoint, metadata_json, plan_json, spec_json, program_json, program_tensors = row
-    plan = Plan.from_json(plan_json)
+    _, arch, checkpoint, metadata_json, shared_plan, zoo, part = row
+    plan_json, spec_json, program = own_architecture(con, model_id, arch, zoo, part)
+    plan = Plan.from_json(plan_json or shared_plan)
     graph, = read_graphs(con, [model_id], plans={arch: plan})
     return CatalogModel(model_id, arch, checkpoint, plan, json.loads(spec_json) if spec_json else None,
-                        graph.validate(), json.loads(metadata_json or "{}"), (program_json, program_tensors))
+                        graph.validate(), json.loads(metadata_json or "{}"), program)
 
 
 def plan_of(con, model_id: str) -> Plan:

@@ -11,6 +11,11 @@ this module gives the network that runs it, one way for every converted model: i
   ``program_tensors`` as safetensors). Reading it back goes through the same checks as the archive
   did (``torch_archive.deserialize_program``): only ATen operators, plain shape arithmetic.
 
+Before any program runs, :class:`Network` checks it once more with the tensors it will run on
+(``program_policy.check_exported``): only the operator kinds the conversion covers, no node off
+the path from the inputs to the output, factories and constants no larger than the state. So a
+catalog written by an older version cannot smuggle in a graph ingest would now refuse.
+
 Layer taps: each neuron layer's value inside the graph (after the layer's activation, before any
 pooling or flattening; :func:`layer_nodes`), found by the plan's own tracer, so analyses read the
 layers of an MLP, a residual batch-norm CNN or a transformer the same way.
@@ -22,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from pipeline.neural_graph.program_policy import check_exported
 from zoocore.errors import CheckpointError, first_line
 
 STATE, CONSTANT = "state.", "constant."
@@ -65,7 +71,9 @@ def program_from_catalog(program_json: str, program_tensors: bytes | None, state
         raise CheckpointError(f"{where}: cannot read the program's tensors: {first_line(exc)}") from None
     full = {k[len(STATE):]: v for k, v in extra.items() if k.startswith(STATE)} | dict(state)
     constants = {k[len(CONSTANT):]: v for k, v in extra.items() if k.startswith(CONSTANT)}
-    return deserialize_program(program_json, full, constants, where)
+    exported = deserialize_program(program_json, full, constants, where)
+    check_exported(exported, state, where)           # with the tensors it holds, not their declared sizes
+    return exported
 
 
 def exported_from_spec(spec: dict):
@@ -150,10 +158,14 @@ class Network(nn.Module):
 
     Graphs exported with a fixed batch size (the usual ``.pt2``) run any batch: their reshapes are
     made batch-free when that gives the same answer as running the fixed batch chunk by chunk
-    (checked once per architecture on the first batch), and run chunk by chunk otherwise."""
+    (checked once per architecture on the first batch), and run chunk by chunk otherwise.
 
-    def __init__(self, exported, state: dict[str, torch.Tensor]):
+    The program is checked first (``program_policy.check_exported``, ``where`` names it in the
+    refusal): a graph holding more than the conversion needs never runs."""
+
+    def __init__(self, exported, state: dict[str, torch.Tensor], where: str = "the network's program"):
         super().__init__()
+        check_exported(exported, state, where)
         self.graph_module = exported.graph_module
         sig = exported.graph_signature
         self.slots: list[str | None] = []
