@@ -10,6 +10,8 @@ be read back as zeros (``torch_archive.refuse_sparse``).
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,8 @@ def read_json_object(path: str | Path, what: str = "JSON file") -> dict[str, Any
     """A JSON object from a file a user gave (a sidecar, a spec): size- and depth-checked, one-line
     errors."""
     path = Path(path)
+    if not stat.S_ISREG(os.stat(path).st_mode):      # a FIFO or a device would block or never end
+        raise CheckpointError(f"{path}: a {what} must be a regular file")
     with open(path, "rb") as fh:
         raw = fh.read(MAX_SIDECAR_BYTES + 1)         # never more than the limit, whatever stat said
     if len(raw) > MAX_SIDECAR_BYTES:
@@ -82,7 +86,7 @@ def read_json_object(path: str | Path, what: str = "JSON file") -> dict[str, Any
                               f"{MAX_SIDECAR_BYTES}")
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError) as exc:    # ValueError: bad JSON, or an integer of 4,300+ digits
         raise CheckpointError(f"{path}: invalid {what}: {first_line(exc)}") from exc
     except RecursionError:
         raise CheckpointError(f"{path}: {what} nested too deeply to read") from None

@@ -39,6 +39,7 @@ from graphstore.schema import ARCHITECTURES, INGEST_ERRORS, LAYERS, MODEL_CORE
 from pipeline.graph_codec import graph_tables
 from pipeline.neural_graph.concat import in_size
 from pipeline.formats import Member, ZooFormat, open_zoo
+from pipeline.formats.base import stray_entries
 from pipeline.formats.checkpoint_folder import CheckpointFolder
 from pipeline.neural_graph.convert import PlanCache
 from pipeline.neural_graph.graph import NeuralGraph
@@ -297,12 +298,19 @@ def _results(jobs: list[tuple], workers: int) -> Iterator[ModelRecord | ErrorRec
 
 def _read_zoo(zoo: ZooFormat, catalog: Catalog, shard: tuple[int, int], on_bad_value: str
               ) -> tuple[list[Member], list[Member], ZooMetadata]:
-    """The zoo's members, this shard's, and their metadata typed against the catalog; raises
-    ZooGraphError for everything a zoo is refused for before anything is written."""
+    """The zoo's members, this shard's, their metadata typed against the catalog, and the stray
+    entries (formats.base.stray_entries) no member covers; raises ZooGraphError for everything a
+    zoo is refused for before anything is written."""
+    strays = stray_entries(zoo.zoo_dir) if getattr(zoo, "files", None) is None else []
     every = zoo.members()
     members = [m for m in every if shard_of(m.key, shard[1]) == shard[0]]
     meta = zoo.metadata(members, every, established_types(catalog), on_bad_value)
-    return every, members, meta
+    return every, members, meta, [s for s in strays if not _covered(s[0], every) and shard_of(s[0], shard[1]) == shard[0]]
+
+
+def _covered(key: str, members: list[Member]) -> bool:
+    """Whether a stray entry is a member, in one, or holds one (that member's conversion refuses it)."""
+    return any(key == m.key or key.startswith(m.key + "/") or m.key.startswith(key + "/") for m in members)
 
 
 def _zoo(zoo_dir, fmt: str | None, files, options: dict[str, Any] | None) -> ZooFormat:
@@ -347,7 +355,7 @@ def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *
     zoo_dir = Path(zoo_dir)
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
     source = _zoo(zoo_dir, fmt, files, options)
-    every, members, meta = _read_zoo(source, catalog, shard, on_bad_value)
+    every, members, meta, strays = _read_zoo(source, catalog, shard, on_bad_value)
     zoo = zoo_name or zoo_dir.resolve().name
     report = IngestReport(zoo, catalog.root, fmt=source.name)
     report.warnings.extend(meta.warnings)
@@ -386,6 +394,10 @@ def ingest_zoo(zoo_dir: str | Path, catalog: str | Path | Catalog = "catalog", *
             write_graph(tables)
         pending, pending_errors, pending_edges = [], [], 0
 
+    for key, message in strays:          # entries no format reads (a link out of the zoo): failures, not silence
+        error = ErrorRecord(key, "CheckpointError", message)
+        report.errors.append(error)
+        pending_errors.append(error)
     bar = tqdm(total=len(jobs), desc=f"ingest {zoo}", unit="model", disable=not progress)
     for job, result in zip(jobs, _results(jobs, workers)):     # results come in job order
         report.seen += 1

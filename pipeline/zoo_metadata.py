@@ -163,6 +163,7 @@ def sidecar_row(checkpoint: Path, zoo_dir: Path) -> Row:
     """The attributes a checkpoint's JSON sidecar gives (``metadata`` and ``metrics``); an unreadable
     sidecar gives none here (the checkpoint itself is then reported by the conversion)."""
     try:
+        inside_folder(zoo_dir, checkpoints.sidecar_path(checkpoint))    # a link out is never opened
         side = checkpoints.read_sidecar(checkpoint)
     except Exception:   # reported with the checkpoint's conversion error
         return Row()

@@ -7,6 +7,8 @@ made lazily in each process and never pickled).
 """
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -110,3 +112,32 @@ def _on_disk(path: Path) -> int:
     """The bytes a file really stores: a sparse file's holes are not bytes."""
     st = path.stat()
     return min(st.st_size, getattr(st, "st_blocks", st.st_size // 512 + 1) * 512)
+
+
+def stray_entries(zoo_dir: str | Path) -> list[tuple[str, str]]:
+    """Entries of the zoo folder no format may read, as (path relative to the zoo, why): links that
+    resolve outside the zoo and links to nothing. Formats list members by name and can pass such an
+    entry over silently; ingest records each one the members do not cover as a failure, so a user
+    learns of it. A FIFO, device or socket (reading one blocks or never ends) refuses the zoo here
+    (ZooGraphError), before any reader opens it."""
+    root = Path(zoo_dir)
+    real_root = root.resolve()
+    out = []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in sorted(dirs + files):
+            path = Path(folder) / name
+            key = path.relative_to(root).as_posix()
+            try:
+                mode = os.stat(path).st_mode            # the link's target, where it is a link
+            except OSError:
+                out.append((key, f"{path}: a link to nothing (or unreadable); it was not read"))
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise ZooGraphError(f"{path}: not a regular file (a FIFO, device or socket), which no zoo holds; "
+                                    "nothing was ingested")
+            if path.is_symlink():
+                real = path.resolve()
+                if real != real_root and real_root not in real.parents:
+                    out.append((key, f"{path}: resolves outside the zoo folder {zoo_dir} (a link out of it); it "
+                                     "was not read"))
+    return out

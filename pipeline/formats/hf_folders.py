@@ -63,6 +63,11 @@ STATE_RATIO, STATE_SLACK = 2, 4 << 20
 MAX_IMAGE_SIDE, MAX_CHANNELS = 1024, 16         # the traced example image: at most 1024 x 1024 x 16
 MAX_TOKENS = 4096                                # tokens (patches) one attention layer attends over
 MAX_CONFIG_DEPTH = 8
+# Building even an empty (meta) network takes time per layer: counts of layers, blocks or heads above
+# this are refused before anything is built (the largest published models have under 200 layers).
+MAX_COUNT = 1024
+_COUNT_KEY = re.compile(r"(^|_)(n_?)?(layers?|blocks?|heads?|depths?|stages?|experts?)$", re.I)
+MAX_INTEGER = 2 ** 40           # no size in a config is larger; a 5000-digit integer is refused as such
 
 
 def checked_config(config: dict[str, Any], where: str) -> dict[str, Any]:
@@ -84,6 +89,12 @@ def checked_config(config: dict[str, Any], where: str) -> dict[str, Any]:
         elif isinstance(value, list):
             for i, item in enumerate(value):
                 walk(item, f"{path}[{i}]", depth + 1, labels)
+        elif isinstance(value, int) and not isinstance(value, bool) and not labels:
+            name = path.rsplit(".", 1)[-1].split("[")[0]
+            if abs(value) > MAX_INTEGER or (_COUNT_KEY.search(name) and value > MAX_COUNT):
+                raise CheckpointError(f"{where}: config.json key {path!r} is {str(value)[:20]}"
+                                      f"{'...' if len(str(value)) > 20 else ''}, over the limit of "
+                                      f"{MAX_COUNT if _COUNT_KEY.search(name) else MAX_INTEGER}")
         elif isinstance(value, str) and not labels and path != "architectures[0]" and _PATH_LIKE.search(value):
             raise CheckpointError(f"{where}: config.json key {path!r} holds {value[:60]!r}, which reads as a path or "
                                   "a Hub repository; a config may not name files or other models")
