@@ -249,3 +249,25 @@ def test_the_published_formats_refuse_files_that_link_out(tmp_path, fmt, name):
     res = _ingest(zoo, tmp_path / "cat")
     assert res.exit_code == 1 and "Traceback" not in res.output, res.output
     assert f"{name}: resolves outside the zoo folder" in res.output, res.output
+
+
+def test_entries_no_format_reads_are_failures_not_silence(tmp_path, monkeypatch):
+    """A folder that links out of the zoo and a link to nothing are not members any format lists:
+    each is recorded as a failure naming the path as given; a FIFO refuses the zoo before any
+    reader could block on it."""
+    zoo = tmp_path / "z" / "x"
+    _mlp_checkpoint(zoo / "good.safetensors")
+    _mlp_checkpoint(tmp_path / "elsewhere" / "y.safetensors")
+    (zoo / "sub").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (zoo / "gone.safetensors").symlink_to(tmp_path / "no-such-file")
+    monkeypatch.chdir(tmp_path)
+    res = _ingest("z/x", "cat")
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert "z/x/sub: resolves outside the zoo folder z/x" in res.output
+    assert "z/x/gone.safetensors: a link to nothing" in res.output
+    assert _sql("cat", "SELECT source_path FROM models") == [{"source_path": "good.safetensors"}]
+    assert {r["source_path"] for r in _sql("cat", "SELECT source_path FROM ingest_errors")} == {
+        "sub", "gone.safetensors"}
+    os.mkfifo(zoo / "metrics.csv")
+    res = _ingest("z/x", "cat")
+    assert res.exit_code == 1 and "z/x/metrics.csv: not a regular file (a FIFO" in res.output, res.output
