@@ -288,19 +288,24 @@ def bad_inputs(zoo, work, table):
 
 
 def hostile_inputs(work: Path) -> None:
-    """Every command over the hostile corpus (tests.hostile.attacks), as real processes: what the
-    payloads wrote, what queries changed in the catalog, crashes and tracebacks, by attack."""
-    from tests.hostile.attacks import run_attacks, summary
+    """Every command over the hostile corpora (tests.hostile.attacks, and round two's eight classes
+    in tests.hostile.round2), as real processes: what the payloads wrote, what queries changed in
+    the catalog, crashes, tracebacks, timeouts and memory, by attack."""
+    from tests.hostile import attacks, round2
 
-    outcomes = run_attacks(work / "hostile")
-    bad = [o for o in outcomes if not o.clean]
-    print("\nhostile inputs (every command, real processes):")
-    counts = summary(outcomes)
-    width = max(len(k) for k in counts)
-    for key, value in counts.items():
-        print(f"  {key:<{width}}  {value}")
-    for o in bad:
-        print(f"  NOT CLEAN {o.name}: exit {o.exit_code}, canaries {o.canaries}, changed {o.catalog_changed}")
+    for title, outcomes, summary, describe in (
+            ("round one: every command", attacks.run_attacks(work / "hostile"), attacks.summary,
+             lambda o: f"{o.name}: exit {o.exit_code}, canaries {o.canaries}, changed {o.catalog_changed}"),
+            ("round two: configs, the Cypher gate, programs, columns, links, bounds, hangs, poisoning",
+             round2.run_round2(work / "hostile2"), round2.summary, round2.describe)):
+        print(f"\nhostile inputs, {title} (real processes):")
+        counts = summary(outcomes)
+        width = max(len(k) for k in counts)
+        for key, value in counts.items():
+            print(f"  {key:<{width}}  {value}")
+        for o in outcomes:
+            if not o.clean:
+                print(f"  NOT CLEAN {describe(o)}")
 
 
 def main():
@@ -308,7 +313,7 @@ def main():
     ap.add_argument("--trials", type=int, default=4, help="trials per kill / concurrency scenario (quick: 4)")
     ap.add_argument("--models", type=int, default=24, help="models in the MLP zoo")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--hostile-only", action="store_true", help="only the hostile-input table (about a minute)")
+    ap.add_argument("--hostile-only", action="store_true", help="only the hostile-input tables (about five minutes)")
     args = ap.parse_args()
     if args.hostile_only:
         with tempfile.TemporaryDirectory(prefix="bench-hostile-") as tmp:

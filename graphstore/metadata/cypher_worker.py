@@ -11,8 +11,11 @@ The answer is JSON: columns and rows.
 """
 from __future__ import annotations
 
+import datetime  # noqa: F401  the engine converts values through these modules, importing them on first use,
+import decimal  # noqa: F401   which the worker's empty root (isolation.empty_root) would hide: imported here
 import json
 import os
+import uuid  # noqa: F401
 
 from graphstore.isolation import die_with_parent, empty_root, fail, limit_memory, read_only_mount, read_request
 

@@ -158,14 +158,26 @@ def _traced_plan(model):
     raise first_error or CheckpointError("the model has no tensor output")
 
 
+_OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
 def _transformers():
-    os.environ["HF_HUB_OFFLINE"] = "1"          # never look a name up on the Hub
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    """transformers, imported offline where this is its first import (the Hub libraries read these
+    variables once, at import); the variables are put back after, so no child process inherits them.
+    A config can name no Hub id anyway (``checked_config``): this is the second lock."""
+    saved = {k: os.environ.get(k) for k in _OFFLINE}
+    os.environ.update({k: "1" for k in _OFFLINE})
     try:
         import transformers
     except ImportError:
         raise CheckpointError("Hugging Face model folders need the transformers package: "
                               "pip install -e '.[hf]'") from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return transformers
 
 

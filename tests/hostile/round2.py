@@ -724,7 +724,8 @@ def _live_prompt(config: Path, cls: str) -> str:
 def _live_hub(config: Path) -> str:
     rec = _HubRecorder()
     try:
-        _run_python(_LIVE_BACKBONE.format(config=str(config)), env={"HF_ENDPOINT": rec.url, "HF_HUB_OFFLINE": "0"})
+        _run_python(_LIVE_BACKBONE.format(config=str(config)), env={"HF_ENDPOINT": rec.url, "HF_HUB_OFFLINE": "0",
+                                                                        "TRANSFORMERS_OFFLINE": "0"})
         return "" if rec.hits else "no hub request"
     finally:
         rec.stop()
