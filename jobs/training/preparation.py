@@ -40,7 +40,7 @@ class _Memo:
     """Symmetry-removed graphs already computed in this process, by (kind, content digest), least
     recently used first out past ``budget`` bytes. A run reads each model's balanced graph for the
     layer statistics, the stream and the blend's StatNN, and its rescaled test copies twice more
-    (metanetwork and StatNN): balancing a ResNet-18 graph takes a minute, hashing it a fraction of
+    (metanetwork and StatNN): balancing a ResNet-18 graph takes about two seconds, hashing it a fraction of
     a second. The graphs are deterministic functions of their content, and no caller changes the
     arrays of a graph it is given."""
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.neural_graph.graph import NeuralGraph
+from pipeline.neural_graph.ops.base import Op
+from pipeline.neural_graph.scaled_edges import BalanceSums, ScaledGraph, op_edge_rows
 from pipeline.neural_graph.vocabulary import NODE_TYPES, SCALE, SIGN, VOCABULARY
 
 
@@ -140,17 +142,26 @@ def apply_neuron_factors(graph: NeuralGraph, factors: np.ndarray) -> NeuralGraph
     hidden = graph.node_type == NODE_TYPES.index("hidden")
     if not np.allclose(s[~hidden], 1.0):
         raise ValueError("input and output neurons cannot be rescaled")
-    weight = graph.weight.astype(np.float64)
+    weight = np.empty_like(graph.weight)
     bias = graph.bias.astype(np.float64) * s
     extra = graph.extra.astype(np.float64)
-    for i, op in enumerate(graph.ops):
-        e = np.flatnonzero(graph.edge_op == i)
-        op.rescale(i, s, graph.src[e], graph.dst[e], e, weight, extra)
+    for i, (op, e) in enumerate(zip(graph.ops, op_edge_rows(graph))):
+        src, dst = graph.src[e], graph.dst[e]
+        if type(op).rescale is Op.rescale:       # the default hook, fused with the rounding to float32
+            fac = (s[dst] / s[src])[:, None]
+            if isinstance(e, slice):
+                np.multiply(graph.weight[e], fac, out=weight[e], dtype=np.float64, casting="unsafe")
+            else:
+                weight[e] = np.multiply(graph.weight[e], fac, dtype=np.float64)
+            continue
+        w = graph.weight[e].astype(np.float64)     # the operation's rows, as the hook's ``weight[e]``
+        op.rescale(i, s, src, dst, np.arange(len(w)), w, extra)
+        weight[e] = w
     return NeuralGraph(
         node_type=graph.node_type, node_layer=graph.node_layer, node_position=graph.node_position,
         bias=bias.astype(np.float32), extra=extra.astype(np.float32), layer_activation=list(graph.layer_activation),
         src=graph.src, dst=graph.dst, relation=graph.relation, edge_op=graph.edge_op,
-        weight=weight.astype(np.float32), kernel_shape=graph.kernel_shape, ops=graph.ops, buffers=dict(graph.buffers))
+        weight=weight, kernel_shape=graph.kernel_shape, ops=graph.ops, buffers=dict(graph.buffers))
 
 
 def random_factors(graph: NeuralGraph, rng: np.random.Generator, max_scale: float = 10.0,
@@ -187,10 +198,9 @@ def _incoming_norms(graph: NeuralGraph, weight: np.ndarray, bias: np.ndarray, ex
     batch norm's gamma / sqrt(var + eps) and its effective bias, the node bias)."""
     sq = np.zeros(graph.num_nodes)
     total = np.zeros(graph.num_nodes)
-    for i, op in enumerate(graph.ops):
+    for op, e in zip(graph.ops, op_edge_rows(graph)):
         if op.dst_layer not in layers:
             continue
-        e = np.flatnonzero(graph.edge_op == i)
         dst = graph.dst[e]
         parts = op.incoming(weight[e], dst, extra)
         if parts is None:                       # residual and gate edges carry no weight of the network
@@ -214,43 +224,55 @@ def canonical_scaling(graph: NeuralGraph, steps: list[dict] | None = None) -> tu
     Two networks that differ by a function-preserving rescaling (``random_rescaling``) have the same
     canonical graph up to float rounding. Layers are processed in order; a class of layers tied by
     residual edges takes its factors from its first layer's incoming coefficients.
+
+    Time linear in the graph: each class's factors touch only the operations next to its layers,
+    on the graph held operation by operation (``scaled_edges.ScaledGraph``), which gives the same
+    arrays, bit for bit, as applying ``apply_neuron_factors`` once per class.
     """
+    state, s = _canonical_state(graph, steps)
+    return state.graph(), s
+
+
+def _canonical_state(graph: NeuralGraph, steps: list[dict] | None) -> tuple[ScaledGraph, np.ndarray]:
+    """``canonical_scaling`` on a ScaledGraph, whose applications touch only the operations next to
+    the layers they rescale, and the factors used."""
     reps, groups = scale_classes(graph, steps)
-    sizes, offsets = graph.layer_sizes(), graph.layer_offsets()
+    state = ScaledGraph(graph)
     s = np.ones(graph.num_nodes)
+    step = np.ones(graph.num_nodes)
     done: set[int] = set()
-    current = graph
     for layer, rep in enumerate(reps):
         group = groups[rep]
         if not group or rep in done:
             continue
         done.add(rep)
-        norm, total = _incoming_norms(current, current.weight.astype(np.float64), current.bias.astype(np.float64),
-                                      current.extra.astype(np.float64), {layer})
-        sl = slice(offsets[layer], offsets[layer] + sizes[layer])
-        f = np.ones(int(sizes[layer]))
+        sl = state.slices[layer]
+        sq, total = state.incoming_sums(layer, SIGN in group)
+        bias = state.bias[sl].astype(np.float64)
+        norm = np.sqrt(sq + bias ** 2)
+        f = np.ones(sl.stop - sl.start)
         if SCALE in group:      # a dead neuron (no incoming coefficient above DEAD) keeps its scale
-            live = norm[sl] > DEAD
-            f = np.where(live, 1.0 / np.where(live, norm[sl], 1.0), 1.0)
+            live = norm > DEAD
+            f = np.where(live, 1.0 / np.where(live, norm, 1.0), 1.0)
         if SIGN in group:
-            f = f * np.where(total[sl] < 0, -1.0, 1.0)
-        step = np.ones(graph.num_nodes)
-        for other, r in enumerate(reps):
-            if r == rep:
-                step[offsets[other]:offsets[other] + sizes[other]] = f
-        current = apply_neuron_factors(current, step)
-        s *= step
-    return current, s
+            f = f * np.where(total + bias < 0, -1.0, 1.0)
+        members = [other for other, r in enumerate(reps) if r == rep]
+        for other in members:
+            step[state.slices[other]] = f
+        state.apply(step, members)
+        for other in members:
+            s[state.slices[other]] *= f
+            step[state.slices[other]] = 1.0
+    return state, s
 
 
 def _outgoing_norms(graph: NeuralGraph, weight: np.ndarray, extra: np.ndarray, layers: set[int]) -> np.ndarray:
     """Per node of ``layers``: the norm of its effective outgoing coefficients (the same per-edge
     coefficients ``_incoming_norms`` counts at the destination, counted here at the source)."""
     sq = np.zeros(graph.num_nodes)
-    for i, op in enumerate(graph.ops):
+    for op, e in zip(graph.ops, op_edge_rows(graph)):
         if op.src_layer not in layers and not op.get("src_segments"):
             continue
-        e = np.flatnonzero(graph.edge_op == i)
         src, dst = graph.src[e], graph.dst[e]
         parts = op.incoming(weight[e], dst, extra)
         if parts is None:
@@ -270,20 +292,25 @@ def balanced_scaling(graph: NeuralGraph, steps: list[dict] | None = None, sweeps
     squared norm, which is convex in the log-factors). Weight decay drives training towards this
     balance, so a trained network's balanced form is close to the network itself, unlike the
     unit-norm canonical form, whose pushed-forward factors pile up in the last layer; and, being a
-    deterministic function of the canonical graph, it is exactly as invariant."""
-    current, _ = canonical_scaling(graph, steps)
-    reps, groups = scale_classes(current, steps)
-    sizes, offsets = current.layer_sizes(), current.layer_offsets()
+    deterministic function of the canonical graph, it is exactly as invariant.
+
+    A sweep is one pass over the kept weights (``scaled_edges``): the factors applied, rounded to
+    float32 as the graph stores them, and the next sweep's squared sums taken in the same pass; the
+    result is the same, bit for bit, as applying ``apply_neuron_factors`` once per sweep."""
+    state, _ = _canonical_state(graph, steps)
+    reps, groups = scale_classes(graph, steps)
+    sizes, offsets = graph.layer_sizes(), graph.layer_offsets()
     classes: dict[int, list[int]] = {}
     for layer, rep in enumerate(reps):
         if SCALE in groups[rep]:
             classes.setdefault(rep, []).append(layer)
     layers = {layer for members in classes.values() for layer in members}
-    for _ in range(sweeps if classes else 0):
-        w, x = current.weight.astype(np.float64), current.extra.astype(np.float64)
-        inn, _ = _incoming_norms(current, w, current.bias.astype(np.float64), x, layers)
-        out = _outgoing_norms(current, w, x, layers)
-        step = np.ones(current.num_nodes)
+    sums = BalanceSums(state, layers) if classes else None
+    for sweep in range(sweeps if classes else 0):
+        sq_in, sq_out = sums()
+        inn = np.sqrt(sq_in + state.bias.astype(np.float64) ** 2)
+        out = np.sqrt(sq_out)
+        step = np.ones(graph.num_nodes)
         for rep, members in classes.items():
             n = int(sizes[rep])
             si, so = np.zeros(n), np.zeros(n)
@@ -295,7 +322,9 @@ def balanced_scaling(graph: NeuralGraph, steps: list[dict] | None = None, sweeps
             f = np.where(ok, (np.where(ok, so, 1.0) / np.where(ok, si, 1.0)) ** 0.25, 1.0)
             for layer in members:
                 step[offsets[layer]:offsets[layer] + sizes[layer]] = f
-        current = apply_neuron_factors(current, step)
-        if np.abs(step - 1.0).max() < tolerance:
+        converged = np.abs(step - 1.0).max() < tolerance
+        # the last application also computes the next sweep's squared sums, block by block
+        state.apply(step, layers, squares=not converged and sweep + 1 < sweeps)
+        if converged:
             break
-    return current
+    return state.graph()
