@@ -129,6 +129,7 @@ def archives(tmp_path_factory):
 
 
 # ------------------------------------------------------------------ (a) the reader refuses by name
+@pytest.mark.slow          # a child process that crashes
 def test_the_payload_is_live_when_torch_runs_the_graph(archives, tmp_path):
     """Without the reader's checks, running the archive's graph (as jobs run a kept program)
     kills the process: the refusals below guard a real write."""
@@ -282,6 +283,7 @@ def test_programs_kept_from_ordinary_modules_hold_to_the_policy(name):
         _kept_and_run(net, keep_program(exported, plan.state_keys), net.state_dict(), x, net(x))
 
 
+@pytest.mark.slow          # builds and exports transformers models
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_programs_kept_from_transformers_hold_to_the_policy(name):
     """Masks and position tables (arange, full, where, ...) are live and no larger than the state."""

@@ -482,6 +482,7 @@ def torchvision_graph(model, image=32, seed=0):
     return graph_from_plan(plan, dict(model.state_dict())), plan.steps
 
 
+@pytest.mark.slow          # seconds each, most of it in the reference implementation
 @pytest.mark.parametrize("name", sorted(TORCHVISION))
 def test_preparation_is_todays_bit_for_bit_on_torchvision_blocks(name):
     graph, steps = torchvision_graph(TORCHVISION[name]())

@@ -60,6 +60,7 @@ def _code_folder(folder: Path, canary: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow          # builds transformers models, a process each
 def test_the_code_folder_payload_is_live(tmp_path):
     """Loaded the way a config's ``backbone`` would have it loaded, the folder's code runs: the
     refusals below are refusals of a working payload."""
@@ -72,6 +73,7 @@ def test_the_code_folder_payload_is_live(tmp_path):
     assert canary.exists()
 
 
+@pytest.mark.slow          # builds transformers models, a process each
 @pytest.mark.parametrize("changes, words", [
     ({"auto_map": {"AutoModel": "evil.Model"}}, "key 'auto_map' can name code"),
     ({"trust_remote_code": True}, "key 'trust_remote_code'"),
@@ -100,6 +102,7 @@ def test_a_config_that_names_code_a_path_or_another_model_is_refused_by_name(tmp
     assert not canary.exists()
 
 
+@pytest.mark.slow          # builds transformers models, a process each
 def test_private_keys_are_dropped_and_a_plain_config_still_reads(tmp_path):
     """``save_pretrained`` writes ``_name_or_path``: it is ignored (never followed), and the model
     converts; a list of numbers under a word that can name things (Swin-v2's
