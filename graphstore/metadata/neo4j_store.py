@@ -6,6 +6,7 @@ own memory per transaction is the server's setting (``db.memory.transaction.max`
 server and docker-compose.yml)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -65,11 +66,31 @@ class Neo4jStore(MetadataStore):
     def describe(self) -> str:
         return f"neo4j:{self.settings.uri}"
 
-    def _execute(self, query: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> QueryResult:
-        import neo4j
+    @contextlib.contextmanager
+    def _errors(self, timeout: float | None):
+        """The driver's errors as this project's: a time limit reached, a refusal, a lost server."""
         from neo4j import exceptions as nx
 
         try:
+            yield
+        except nx.Neo4jError as exc:
+            if timeout and "TransactionTimedOut" in (exc.code or ""):
+                raise QueryTimeout(f"query stopped after {timeout:g} s (the time limit; raise it with "
+                                   "--timeout SECONDS, 0 for none)") from exc
+            raise StoreError(f"{exc.code}: {exc.message}") from exc
+        except (nx.ServiceUnavailable, nx.SessionExpired) as exc:
+            raise StoreError(f"lost the connection to Neo4j at {self.settings.uri}: {exc}") from exc
+
+    @staticmethod
+    def _answer(keys, rows: list[list[Any]], summary) -> QueryResult:
+        notices = [f"{n.get('code', '')}: {n.get('description', '')}".strip(": ")
+                   for n in (summary.notifications or [])]
+        return QueryResult(list(keys), rows, notices, getattr(summary, "query_type", None))
+
+    def _execute(self, query: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> QueryResult:
+        import neo4j
+
+        with self._errors(timeout):
             if self._tx is not None:
                 result = self._tx.run(query, params or {})
                 records, keys = list(result), result.keys()
@@ -79,17 +100,7 @@ class Neo4jStore(MetadataStore):
                     neo4j.Query(query, timeout=timeout) if timeout else query, params or {},
                     database_=self.settings.database,
                     routing_=neo4j.RoutingControl.READ if self.read_only else neo4j.RoutingControl.WRITE)
-        except nx.Neo4jError as exc:
-            if timeout and "TransactionTimedOut" in (exc.code or ""):
-                raise QueryTimeout(f"query stopped after {timeout:g} s (the time limit; raise it with "
-                                   "--timeout SECONDS, 0 for none)") from exc
-            raise StoreError(f"{exc.code}: {exc.message}") from exc
-        except (nx.ServiceUnavailable, nx.SessionExpired) as exc:
-            raise StoreError(f"lost the connection to Neo4j at {self.settings.uri}: {exc}") from exc
-        notices = [f"{n.get('code', '')}: {n.get('description', '')}".strip(": ")
-                   for n in (summary.notifications or [])]
-        return QueryResult(list(keys), [[_plain(v) for v in r.values()] for r in records], notices,
-                           getattr(summary, "query_type", None))
+        return self._answer(keys, [[_plain(v) for v in r.values()] for r in records], summary)
 
     def _ensure_schema(self) -> None:
         for c in _CONSTRAINTS:
@@ -109,28 +120,18 @@ class Neo4jStore(MetadataStore):
     def _bounded(self, query: str, params: dict[str, Any], timeout: float | None) -> QueryResult:
         """A user's query, its records read one by one and refused past ``MAX_ROWS``."""
         import neo4j
-        from neo4j import exceptions as nx
 
         mode = neo4j.READ_ACCESS if self.read_only else neo4j.WRITE_ACCESS
-        try:
-            with self._driver.session(database=self.settings.database, default_access_mode=mode) as session:
-                result = session.run(neo4j.Query(query, timeout=timeout) if timeout else query, params or {})
-                keys, rows = list(result.keys()), []
-                for record in result:
-                    if len(rows) == MAX_ROWS:
-                        raise StoreError(f"the query returns more than {MAX_ROWS} rows; add LIMIT (or aggregate)")
-                    rows.append([_plain(v) for v in record.values()])
-                summary = result.consume()
-        except nx.Neo4jError as exc:
-            if timeout and "TransactionTimedOut" in (exc.code or ""):
-                raise QueryTimeout(f"query stopped after {timeout:g} s (the time limit; raise it with "
-                                   "--timeout SECONDS, 0 for none)") from exc
-            raise StoreError(f"{exc.code}: {exc.message}") from exc
-        except (nx.ServiceUnavailable, nx.SessionExpired) as exc:
-            raise StoreError(f"lost the connection to Neo4j at {self.settings.uri}: {exc}") from exc
-        notices = [f"{n.get('code', '')}: {n.get('description', '')}".strip(": ")
-                   for n in (summary.notifications or [])]
-        return QueryResult(keys, rows, notices, getattr(summary, "query_type", None))
+        with self._errors(timeout), self._driver.session(database=self.settings.database,
+                                                         default_access_mode=mode) as session:
+            result = session.run(neo4j.Query(query, timeout=timeout) if timeout else query, params or {})
+            keys, rows = list(result.keys()), []
+            for record in result:
+                if len(rows) == MAX_ROWS:
+                    raise StoreError(f"the query returns more than {MAX_ROWS} rows; add LIMIT (or aggregate)")
+                rows.append([_plain(v) for v in record.values()])
+            summary = result.consume()
+        return self._answer(keys, rows, summary)
 
     def _check_plan(self, query: str, params: dict[str, Any]) -> None:
         """The server's own parser decides too: EXPLAIN plans the query without running it, and its
