@@ -180,6 +180,10 @@ class MetanetConfig:
                                                                                          max_open=True))
     probes: int = option(0, "Learned probe inputs whose per-neuron activations join the node features (MLP / INR "
                          "zoos: graphs of linear and residual edges).", type=click.IntRange(min=0))
+    fixed_probes: int = option(0, "Fixed probe inputs (N(0, 1) values, or uniform token ids) run through every "
+                               "model's own checked program, any architecture: each neuron node's value on each "
+                               "probe (a conv channel's map pooled by mean and by max) joins its node features "
+                               "(jobs.analysis.probing). 0 = off.", type=click.IntRange(min=0), metavar="N")
     quasi: bool = option(False, "Add the quasi-equivariant scaling layer (Quasi-Equivariant Metanetworks, ICLR "
                          "2026): a learned per-neuron factor 1 + eps*sin(.) from per-neuron and per-layer weight "
                          "statistics; its parameter overhead is printed.")

@@ -307,7 +307,7 @@ class NGGNN(nn.Module):
         super().__init__()
         self.cfg = cfg
         H = cfg.hidden
-        self.bias_in = nn.Linear(1 + cfg.probes, H)
+        self.bias_in = nn.Linear(1 + cfg.probes + 2 * cfg.fixed_probes, H)
         self.probes = ProbeFeatures(cfg.probes) if cfg.probes else None
         # nn.Embedding's N(0, 1) rows for the seeded kinds, zeros for kinds added later (vocabulary .seeded)
         first = torch.randn(SEEDED_ACTIVATIONS, H)
@@ -356,6 +356,8 @@ class NGGNN(nn.Module):
             x = data["bias"].unsqueeze(-1)
             if self.cfg.probes:
                 x = torch.cat([x, probe_features[t]], -1)
+            if self.cfg.fixed_probes:
+                x = torch.cat([x, data["probe"]], -1)
             z = self.bias_in(x) + self.act_emb(data["activation"]) + self.type_emb.weight[i]
             if self.bias_fourier is not None:
                 z = z + self.bias_fourier(data["bias"].unsqueeze(-1))

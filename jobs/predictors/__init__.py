@@ -35,6 +35,8 @@ PREDICTORS = {
     "statnn_mlp": Entry("tabular", "jobs.predictors.tabular:StatNNMLP", "StatNN: weight statistics into an MLP", stack=True),
     "statnn_spectral": Entry("tabular", "jobs.predictors.tabular:SpectralStatNN",
                              "StatNN plus each weight matrix's spectral descriptors into gradient boosting", stack=True),
+    "probe": Entry("tabular", "jobs.predictors.probe:Probe",
+                   "each model's answers on 64 fixed probe inputs (run through its program) into gradient boosting"),
     "flat_mlp": Entry("tabular", "jobs.predictors.tabular:FlatMLP", "an MLP on all weights (one parameter shape only)"),
     "statnn_ridge": Entry("tabular", "jobs.predictors.statnn_ridge:StatNNRidge", "StatNN: weight statistics into ridge regression"),
     "nfn_np": Entry("weightspace", "jobs.predictors.nfn:NFNNP", "NFN with NP layers (one parameter shape; extra 'peers')"),

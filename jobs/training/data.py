@@ -278,10 +278,12 @@ def layer_stats_of_graphs(graphs: Sequence[NeuralGraph]) -> LayerStats:
 
 
 def normalised_graph(graph: NeuralGraph, stats: LayerStats, frame: tuple[int, int],
-                     etypes: Sequence[CanonicalEtype], raw: bool = False, model_id: str = "?"):
+                     etypes: Sequence[CanonicalEtype], raw: bool = False, model_id: str = "?",
+                     probe: np.ndarray | None = None):
     """The metanetwork's input: ``graph`` as a DGL heterograph with per-layer normalised features
     (biases by neuron layer, weights by operation and relation, kernels reframed to ``frame``);
-    ``raw`` also keeps the raw scalar weights and biases that probe features need (1x1 edges only).
+    ``raw`` also keeps the raw scalar weights and biases that probe features need (1x1 edges only);
+    ``probe``: (N, P) per-node values on fixed probes (jobs.analysis.probing), node data ``probe``.
     A graph with a NaN or infinite value (a diverged checkpoint) is refused by name: one would turn
     every prediction of the run into NaN."""
     if not (np.isfinite(graph.weight).all() and np.isfinite(graph.bias).all()):
@@ -304,7 +306,7 @@ def normalised_graph(graph: NeuralGraph, stats: LayerStats, frame: tuple[int, in
     return build_heterograph(graph.node_type, graph.node_layer.astype(np.int64),
                              graph.node_position.astype(np.int64), bias.astype(np.float32),
                              graph.node_activation_codes(), graph.src, graph.dst, graph.relation,
-                             w.astype(np.float32), etypes, **extra)
+                             w.astype(np.float32), etypes, node_probe=probe, **extra)
 
 
 # A cached DGL heterograph holds about 2.2x its tensors' bytes in resident memory (per-relation
@@ -332,14 +334,16 @@ class GraphStream:
             (e.g. random rescalings): ``augment(graph, steps, rng)``; the model's n-th serving uses
             the generator seeded by (``seed``, model index, n), so runs repeat whatever the thread
             order. With ``augment`` the cache holds the raw graphs and normalises on every serving.
+        probe: each graph's per-node values on fixed probes, ``probe(model_id, graph)`` (N, P), read
+            from the graph as served (after preparation and augmentation), node data ``probe``.
     """
 
     def __init__(self, con, selection: Selection, stats: LayerStats, chunk: int = 1024, workers: int = 2,
                  prefetch: int = 4, cache_bytes: int = 2 << 30, raw: bool = False,
                  prepare: Callable[[NeuralGraph, list], NeuralGraph] | None = None,
                  augment: Callable[[NeuralGraph, list, np.random.Generator], NeuralGraph] | None = None,
-                 seed: int = 0):
-        self.con, self.sel, self.stats, self.raw = con, selection, stats, raw
+                 seed: int = 0, probe: Callable[[str, NeuralGraph], np.ndarray] | None = None):
+        self.con, self.sel, self.stats, self.raw, self.probe = con, selection, stats, raw, probe
         self.chunk, self.workers, self.prefetch = chunk, workers, prefetch
         self.cache_bytes = cache_bytes
         self.prepare, self.augment, self.seed = prepare, augment, seed
@@ -364,7 +368,8 @@ class GraphStream:
                 n = self._served.get(i, 0)
                 self._served[i] = n + 1
             graph = self.augment(graph, self._steps(mid), np.random.default_rng([self.seed, i, n]))
-        return normalised_graph(graph, self.stats, self.sel.frame, self.sel.etypes, raw=self.raw, model_id=mid)
+        return normalised_graph(graph, self.stats, self.sel.frame, self.sel.etypes, raw=self.raw, model_id=mid,
+                                probe=None if self.probe is None else self.probe(mid, graph))
 
     def _build(self, indices: Sequence[int]) -> list:
         missing = [i for i in indices if i not in self._cache]
@@ -453,14 +458,19 @@ class GraphList:
     """In-memory graphs served like a GraphStream (``batches(indices, batch_size)``): for graphs that
     are not in the catalog, e.g. function-preserving rescalings of test models."""
 
-    def __init__(self, graphs: Sequence[NeuralGraph], selection: Selection, stats: LayerStats, raw: bool = False):
-        self.graphs, self.sel, self.stats, self.raw = list(graphs), selection, stats, raw
+    def __init__(self, graphs: Sequence[NeuralGraph], selection: Selection, stats: LayerStats, raw: bool = False,
+                 probe: Callable[[str, NeuralGraph], np.ndarray] | None = None,
+                 model_ids: Sequence[str] | None = None):
+        self.graphs, self.sel, self.stats, self.raw, self.probe = list(graphs), selection, stats, raw, probe
+        self.ids = list(selection.model_ids if model_ids is None else model_ids)   # whose graph each one is
         self.side: np.ndarray | None = None     # per-graph inputs beside the graph, by list index (head statistics)
 
     def batches(self, indices: Sequence[int], batch_size: int) -> Iterator[tuple[np.ndarray, list]]:
         idx = np.array(indices, dtype=np.int64)
         for start in range(0, len(idx), batch_size):
             grp = idx[start:start + batch_size]
-            yield grp, [normalised_graph(self.graphs[i], self.stats, self.sel.frame, self.sel.etypes, raw=self.raw)
+            yield grp, [normalised_graph(self.graphs[i], self.stats, self.sel.frame, self.sel.etypes, raw=self.raw,
+                                         probe=None if self.probe is None else
+                                         self.probe(self.ids[i], self.graphs[i]))
                         for i in grp]
 

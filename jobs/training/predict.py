@@ -9,6 +9,7 @@ import torch
 
 from graphstore import duck
 from graphstore.catalog import Catalog
+from jobs.analysis.probing import node_prober
 from jobs.metanets.probes import check_probe_graph
 from jobs.predictors.stacking import read_stack
 from jobs.training.artifacts import load_metanetwork
@@ -48,7 +49,8 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
     if model.cfg.probes:
         check_probe_graph(sel.etypes)
     stream = GraphStream(con, sel, manifest.stats, raw=bool(model.cfg.probes),
-                         prepare=run_preparation(manifest.train))
+                         prepare=run_preparation(manifest.train),
+                         probe=node_prober(con, model.cfg.fixed_probes) if model.cfg.fixed_probes else None)
     if model.cfg.statistics_dim:
         if manifest.head is None or manifest.head.width != model.cfg.statistics_dim:
             raise JobError(f"run {run_id}: its metanetwork reads statistics its manifest does not describe")

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 
 from jobs.config import TrainConfig
+from jobs.analysis.probing import node_prober
 from jobs.metanets.ngnn import NGGNN
 from jobs.training.data import GraphList, LayerStats, Selection
 from jobs.training.inference import infer_ensemble
@@ -38,7 +39,8 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     y = sel.targets[test_idx]
     tag = f"@x{max_scale:g}"
     inputs = prepared_graphs(con, ids, graphs, cfg)      # the same preparation the run trained on
-    listed = GraphList(inputs, sel, stats, raw=bool(cfg.probes))
+    listed = GraphList(inputs, sel, stats, raw=bool(cfg.probes), model_ids=ids,
+                       probe=node_prober(con, cfg.fixed_probes) if cfg.fixed_probes else None)
     if head is not None:      # the head's statistics of the rescaled copies (jobs.training.head_statistics)
         listed.side = head.of_graphs(con, ids, graphs)
     task = task_named(sel.task)

@@ -22,6 +22,7 @@ from graphstore.catalog import Catalog, now_utc
 from jobs.config import DataConfig, MetanetConfig, ModelConfig, TrainConfig
 from jobs.metanets import build_metanetwork
 from jobs.metanets.ngnn import NGGNNConfig
+from jobs.analysis.probing import node_prober
 from jobs.metanets.probes import check_probe_graph
 from jobs.predictors import entry, names as predictor_names
 from jobs.predictors.stacking import stack_with_statistics, statistics_base
@@ -187,13 +188,15 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     trust = TrustProfile.of_catalog(con, sel.ids("train"), symmetry_preparation(cfg))
     if cfg.probes:
         check_probe_graph(sel.etypes)
+    probe = node_prober(con, cfg.fixed_probes) if cfg.fixed_probes else None
     stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers, raw=bool(cfg.probes),
-                         prepare=prepare)
+                         prepare=prepare, probe=probe)
     train_stream = stream
     train_prepare, augment = training_changes(cfg)
     if augment is not None:
         train_stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers,
-                                   raw=bool(cfg.probes), prepare=train_prepare, augment=augment, seed=cfg.seed)
+                                   raw=bool(cfg.probes), prepare=train_prepare, augment=augment, seed=cfg.seed,
+                                   probe=probe)
     # StatNN's features of the selection, shared by the head, the baselines and the blend: a pass over each
     # preparation of the graphs reads every block any of them wants
     head, read = None, feature_reads(predictor_names("tabular") if cfg.baselines else (), cfg.head_spectral)

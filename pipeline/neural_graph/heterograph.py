@@ -56,7 +56,8 @@ def build_heterograph(node_type: np.ndarray, node_layer: np.ndarray, node_positi
                       bias: np.ndarray, node_activation: np.ndarray, src: np.ndarray, dst: np.ndarray,
                       relation: np.ndarray, weight: np.ndarray,
                       etypes: Sequence[CanonicalEtype] | None = None, raw_bias: np.ndarray | None = None,
-                      raw_weight: np.ndarray | None = None) -> dgl.DGLHeteroGraph:
+                      raw_weight: np.ndarray | None = None,
+                      node_probe: np.ndarray | None = None) -> dgl.DGLHeteroGraph:
     """Build one neural graph as a DGL heterograph.
 
     Args:
@@ -67,6 +68,7 @@ def build_heterograph(node_type: np.ndarray, node_layer: np.ndarray, node_positi
         etypes: the canonical edge types to create (with reverses), default those present.
         raw_bias, raw_weight: (N,), (E,) un-normalised values, stored as ``bias_raw`` / ``w_raw``
             for probe features (which run the network on the graph).
+        node_probe: (N, P) per-node values on fixed probes, stored as ``probe``.
     Returns:
         a heterograph; ndata ``bias`` (float), ``layer``, ``position``, ``activation``, ``nid``;
         edata ``w`` (E_t, F) on forward and reverse types alike.
@@ -111,6 +113,8 @@ def build_heterograph(node_type: np.ndarray, node_layer: np.ndarray, node_positi
         g.nodes[name].data["position"] = torch.from_numpy(node_position[mask].astype(np.int64))
         g.nodes[name].data["activation"] = torch.from_numpy(node_activation[mask].astype(np.int64))
         g.nodes[name].data["nid"] = torch.from_numpy(np.nonzero(mask)[0].astype(np.int64))
+        if node_probe is not None:
+            g.nodes[name].data["probe"] = torch.from_numpy(np.ascontiguousarray(node_probe[mask], dtype=np.float32))
         if raw_bias is not None:
             g.nodes[name].data["bias_raw"] = torch.from_numpy(raw_bias[mask].astype(np.float32))
     return g
