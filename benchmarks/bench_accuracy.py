@@ -51,7 +51,9 @@ METANETS = tuple(names("metanetwork"))
 TABULAR = tuple(names("tabular"))
 # the statistics predictors, and their mean (what a metanetwork's answer is blended with: jobs.predictors.stacking),
 # computed here per fold so that the paired difference is against the strongest statistics
-STATNNS = (*(n for n in TABULAR if PREDICTORS[n].stack), "statnn_avg")
+STATNNS = (*(n for n in TABULAR if PREDICTORS[n].stack and PREDICTORS[n].reads == "weights"), "statnn_avg")
+# the strongest single predictor a metanetwork and the answer are measured against: statistics or probing
+SINGLES = (*STATNNS, *(n for n in TABULAR if PREDICTORS[n].reads == "function"))
 
 
 def shown(levers: dict) -> str:
@@ -141,17 +143,17 @@ def training_models(cat: Path, folds: int, fold: int) -> int:
 
 def curve_table(curves: list[tuple[str, int, list[dict]]]) -> list[str]:
     """Mean test tau per zoo, method and training size (the learning curve), and the margin of each
-    method over the strongest statistics at that size."""
+    method over the strongest single predictor (statistics or probing) at that size."""
     from jobs.training.compare import kendall_tau
 
-    lines = ["learning curve: mean test tau over folds (margin over the strongest statistics at that size)"]
+    lines = ["learning curve: mean test tau over folds (margin over the strongest single predictor at that size)"]
     for kind in dict.fromkeys(k for k, _, _ in curves):
         rows = [(size, per_fold) for k, size, per_fold in curves if k == kind]
         methods = [m for m in dict.fromkeys(m for _, pf in rows for f in pf for m in f)
                    if all(len(f.get(m, ())) >= 2 for _, pf in rows for f in pf)]
         lines.append(f"  {kind}: " + "  ".join(f"{s:>14d}" for s, _ in rows))
         taus = [{x: np.mean([kendall_tau(*_arrays(f[x])) for f in pf]) for x in methods} for _, pf in rows]
-        best = [max((x for x in STATNNS if x in tau), key=tau.get) for tau in taus]
+        best = [max((x for x in SINGLES if x in tau), key=tau.get) for tau in taus]
         for m in methods:
             cells = [f"{tau[m]:.3f} ({tau[m] - tau[b]:+.3f})" for tau, b in zip(taus, best)]
             lines.append(f"    {m:24s} " + "  ".join(f"{c:>14s}" for c in cells))
@@ -221,10 +223,10 @@ def summarise(kind: str, per_fold: list[dict[str, dict]], resamples: int) -> lis
         score[m] = {"tau": [kendall_tau(*a) for a in arrays], "r2": [r2_score(*a) for a in arrays],
                     "mae": [mean_absolute_error(*a) for a in arrays]}
     w = max(11, *map(len, methods))
-    best = max((m for m in STATNNS if m in score), key=lambda m: np.mean(score[m]["tau"]))
+    best = max((m for m in SINGLES if m in score), key=lambda m: np.mean(score[m]["tau"]))
     n_test = [len(f[best]) for f in per_fold]
     lines = [f"{kind}: {len(per_fold)} folds, test models per fold {n_test}; paired difference to {best} "
-             "(the strongest statistics), bootstrap 95% interval",
+             "(the strongest single predictor: statistics or probing), bootstrap 95% interval",
              f"  {'method':{w}s} {'tau mean ± sd':>16s} {'R^2 mean ± sd':>16s} {'MAE mean ± sd':>16s}"
              f"   {'d tau vs ' + best:>28s}"]
     for m in methods:

@@ -24,7 +24,8 @@ class Entry:
     family: str          # metanetwork | tabular | weightspace
     path: str            # module:class
     summary: str         # one line for --help
-    stack: bool = False  # a statistics predictor: the mean of these is blended into a metanetwork's answer
+    stack: bool = False  # a blend partner: the mean of these (those not collapsed on val) joins a metanetwork's answer
+    reads: str = "weights"   # weights: statistics of the weights | function: what the network computes on probes
 
 
 PREDICTORS = {
@@ -36,7 +37,8 @@ PREDICTORS = {
     "statnn_spectral": Entry("tabular", "jobs.predictors.tabular:SpectralStatNN",
                              "StatNN plus each weight matrix's spectral descriptors into gradient boosting", stack=True),
     "probe": Entry("tabular", "jobs.predictors.probe:Probe",
-                   "each model's answers on 64 fixed probe inputs (run through its program) into gradient boosting"),
+                   "each model's answers on 64 fixed probe inputs (run through its program) into gradient boosting",
+                   stack=True, reads="function"),
     "flat_mlp": Entry("tabular", "jobs.predictors.tabular:FlatMLP", "an MLP on all weights (one parameter shape only)"),
     "statnn_ridge": Entry("tabular", "jobs.predictors.statnn_ridge:StatNNRidge", "StatNN: weight statistics into ridge regression"),
     "nfn_np": Entry("weightspace", "jobs.predictors.nfn:NFNNP", "NFN with NP layers (one parameter shape; extra 'peers')"),

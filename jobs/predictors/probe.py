@@ -42,8 +42,17 @@ class Probe(TabularPredictor):
     def features(self, con, model_ids: Sequence[str], blocks=None) -> tuple[np.ndarray, np.ndarray]:
         n, width = int(self.settings["probes"]), int(self.settings["width"])
         outs, self.unreadable = Prober(con, n, int(self.settings["seed"])).outputs(list(model_ids))
-        x = np.full((len(model_ids), SUMMARIES + n * width), np.nan)
-        ok = np.array([o is not None for o in outs], bool)
+        return self._rows(outs, n, width), np.array([o is not None for o in outs], bool)
+
+    def features_of_graphs(self, con, model_ids, graphs) -> np.ndarray:
+        """The features of in-memory graphs of ``model_ids`` (e.g. rescaled copies), each run through
+        its model's program: a function-preserving copy gets the model's own answers."""
+        n, width = int(self.settings["probes"]), int(self.settings["width"])
+        prober = Prober(con, n, int(self.settings["seed"]))
+        return self._rows([prober.run(m, g).outputs for m, g in zip(model_ids, graphs)], n, width)
+
+    def _rows(self, outs, n: int, width: int) -> np.ndarray:
+        x = np.full((len(outs), SUMMARIES + n * width), np.nan)
         for i, o in enumerate(outs):
             if o is None:
                 continue
@@ -52,7 +61,7 @@ class Probe(TabularPredictor):
             answers = np.full((n, width), np.nan)
             answers[:, :k] = o[:, :k]
             x[i, SUMMARIES:] = answers.reshape(-1)
-        return x, ok
+        return x
 
     def note(self) -> str:
         return f"{self.settings.get('probes')} fixed probes; " + super().note()
