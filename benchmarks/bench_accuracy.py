@@ -13,6 +13,8 @@ exactly one fold. Per fold, in one run:
   paper's MLP (``statnn_mlp``), each tuned on validation, with shape descriptors on mixed zoos;
   StatNN with spectral descriptors (``statnn_spectral``); the flat-weights MLP (one-shape zoos); and
   ``statnn_avg``, the mean of the statistics predictors (the blend's partners);
+- predictors trained on what the models compute (``--function probegen``: learned probes from a
+  shared deep linear generator, jobs.predictors.probegen), each as its own run;
 - peers (``--peers``, the optional extra ``.[peers]``; ``jobs.predictors.peers``): NFN with NP and with HNP
   layers (fixed zoo only: one shape), WeightWatcher's summary metrics as zero-training predictors
   (``ww_alpha`` ...; sign chosen on the training split) and its per-layer metrics into tuned
@@ -48,6 +50,7 @@ from jobs.predictors.peers import PEERS, PeerRunner
 from jobs.predictors import PREDICTORS, names
 
 METANETS = tuple(names("metanetwork"))
+FUNCTION = tuple(names("function"))
 TABULAR = tuple(names("tabular"))
 # the statistics predictors, and their mean (what a metanetwork's answer is blended with: jobs.predictors.stacking),
 # computed here per fold so that the paired difference is against the strongest statistics
@@ -282,6 +285,9 @@ def main(argv=None) -> None:
                     "this project's generators): report only, never choose a lever by them")
     ap.add_argument("--models", default=",".join(METANETS),
                     help="metanetworks to train (ngnn,ngt; '' = none: the baselines and peers only)")
+    ap.add_argument("--function", default="", metavar="NAMES",
+                    help=f"predictors trained on what the models compute, each as its own run beside the others "
+                    f"({','.join(FUNCTION)}; '' = none, the default: they train for minutes per fold)")
     ap.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peers", default="",
@@ -318,6 +324,9 @@ def main(argv=None) -> None:
     unknown = set(kinds) - set(BLIND) if args.blind else set()
     if unknown:
         ap.error(f"unknown blind zoo(s) {sorted(unknown)}; the blind zoos are {', '.join(BLIND)}")
+    unknown = set(filter(None, args.function.split(","))) - set(FUNCTION)
+    if unknown:
+        ap.error(f"--function takes {', '.join(FUNCTION)}; not {', '.join(sorted(unknown))}")
     for kind in kinds:
         cat = blind_catalog(kind, n, args.seed) if args.blind else zoo_catalog(kind, n)
         schedule = "the recipe's epochs" if epochs is None else f"{epochs} epochs"
@@ -335,8 +344,11 @@ def main(argv=None) -> None:
                 # every run fits the baselines: a metanetwork's answer is blended with them (jobs.predictors.stacking)
                 runs = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=True, lever=at_size)
                         for model in filter(None, args.models.split(","))]
-                per_fold.append(with_statistics_mean(test_predictions(cat, runs) if runs else
-                                                     baseline_predictions(cat, args.folds, fold, args.seed, size)))
+                own = [run_fold(cat, name, args.folds, fold, None, args.seed, baselines=False,
+                                lever={} if size is None else {"train_size": size})
+                       for name in filter(None, args.function.split(","))]
+                found = test_predictions(cat, runs) if runs else baseline_predictions(cat, args.folds, fold, args.seed, size)
+                per_fold.append(with_statistics_mean({**found, **(test_predictions(cat, own) if own else {})}))
                 if versus and runs:
                     variant = [run_fold(cat, model, args.folds, fold, epochs, args.seed, baselines=True,
                                         lever={**at_size, **versus}, tag=tag)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -189,6 +190,10 @@ class _Answers:
 
 
 _CACHE = _Answers()
+# checked programs by content (architecture id, sha256 of its spec or kept program and tensors), kept
+# for the process: every fit and prediction of a run, and a benchmark's folds, build each once
+_PROGRAMS: "OrderedDict[tuple, object]" = OrderedDict()
+PROGRAM_CACHE = 512
 
 
 class Prober:
@@ -232,38 +237,47 @@ class Prober:
         return spec_json, program, (arch, digest)
 
     def _program(self, model_id: str, state: dict[str, torch.Tensor]):
-        """The checked exported program of ``model_id``'s architecture (built once per content)."""
+        """The checked exported program of ``model_id``'s architecture (built once per content), refused
+        when this prober's probes would hold more than its memory budget."""
         spec_json, program, content = self._source(model_id)
         with self._lock:
-            exported = self._exported.get(content)
-            if exported is not None:
-                return exported
-            if spec_json:
-                exported = exported_from_spec(json.loads(spec_json))
-            elif program[0] is not None:
-                exported = program_from_catalog(*program, state, f"model {model_id}")
-            else:
-                raise JobError(f"model {model_id}'s network cannot be rebuilt (no spec, no kept program)")
-            spec = input_spec(exported, state)
-            need = value_bytes(exported, self.n)
-            if need > self.memory_budget:
-                raise JobError(f"model {model_id}: {self.n} probes would hold {need / 2**20:.0f} MB of values, over "
-                               f"the budget of {self.memory_budget / 2**20:.0f} MB (use fewer probes)")
-            exported._zoograph_probe_input = spec
+            exported = self._exported.get(content) or _PROGRAMS.get(content)
+            if exported is None:
+                if spec_json:
+                    exported = exported_from_spec(json.loads(spec_json))
+                elif program[0] is not None:
+                    exported = program_from_catalog(*program, state, f"model {model_id}")
+                else:
+                    raise JobError(f"model {model_id}'s network cannot be rebuilt (no spec, no kept program)")
+                exported._zoograph_probe_input = input_spec(exported, state)
+                exported._zoograph_value_bytes = value_bytes(exported, 1)
+                _PROGRAMS[content] = exported
+                while len(_PROGRAMS) > PROGRAM_CACHE:
+                    _PROGRAMS.popitem(last=False)
             self._exported[content] = exported
-            return exported
+        need = exported._zoograph_value_bytes * self.n
+        if need > self.memory_budget:
+            raise JobError(f"model {model_id}: {self.n} probes would hold {need / 2**20:.0f} MB of values, over "
+                           f"the budget of {self.memory_budget / 2**20:.0f} MB (use fewer probes)")
+        return exported
 
-    def run(self, model_id: str, graph: NeuralGraph, nodes: bool = False) -> Probed:
-        """``model_id`` (whose neural graph, possibly prepared, is ``graph``) on the probes."""
+    def network(self, model_id: str, graph: NeuralGraph) -> tuple[Network, InputSpec]:
+        """``model_id``'s network on the weights of ``graph`` (its checked program) and its probe input."""
         self._locate([model_id])
         if model_id not in self._where:
             raise JobError(f"no model {model_id!r} in the catalog")
         try:
             state = state_dict_from_graph(graph)
             exported = self._program(model_id, state)
-            spec = exported._zoograph_probe_input
-            x = spec.probes(self.n, self.seed)
-            net = Network(exported, state, f"model {model_id}").eval()
+            return Network(exported, state, f"model {model_id}").eval(), exported._zoograph_probe_input
+        except (CheckpointError, RuntimeError, ValueError) as exc:
+            raise JobError(f"model {model_id} cannot be probed: {first_line(exc)}") from None
+
+    def run(self, model_id: str, graph: NeuralGraph, nodes: bool = False) -> Probed:
+        """``model_id`` (whose neural graph, possibly prepared, is ``graph``) on the probes."""
+        net, spec = self.network(model_id, graph)
+        x = spec.probes(self.n, self.seed)
+        try:
             with torch.no_grad():
                 if nodes:
                     taps = net.taps(x)

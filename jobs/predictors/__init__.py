@@ -4,6 +4,8 @@
 - ``tabular``: one feature row per model into a learner tuned on validation (jobs.predictors.tabular).
 - ``weightspace``: a network trained on the weights of one parameter shape (jobs.predictors.nfn;
   the optional extra ``peers``).
+- ``function``: a network trained on what the models compute, each run through its own checked
+  program on learned probes (jobs.predictors.probegen).
 
 The tabular and weight-space ones share one interface: ``fit(con, sel)``, ``predict(con, ids)``,
 ``save()`` / ``load(state, arrays)`` (JSON plus safetensors, nothing pickled).
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Entry:
-    family: str          # metanetwork | tabular | weightspace
+    family: str          # metanetwork | tabular | weightspace | function
     path: str            # module:class
     summary: str         # one line for --help
     stack: bool = False  # a blend partner: the mean of these (those not collapsed on val) joins a metanetwork's answer
@@ -41,6 +43,9 @@ PREDICTORS = {
                    stack=True, reads="function"),
     "flat_mlp": Entry("tabular", "jobs.predictors.tabular:FlatMLP", "an MLP on all weights (one parameter shape only)"),
     "statnn_ridge": Entry("tabular", "jobs.predictors.statnn_ridge:StatNNRidge", "StatNN: weight statistics into ridge regression"),
+    "probegen": Entry("function", "jobs.predictors.probegen:ProbeGen",
+                      "ProbeGen: learned probes from a shared deep linear generator, answers into an MLP",
+                      stack=True, reads="function"),
     "nfn_np": Entry("weightspace", "jobs.predictors.nfn:NFNNP", "NFN with NP layers (one parameter shape; extra 'peers')"),
     "nfn_hnp": Entry("weightspace", "jobs.predictors.nfn:NFNHNP", "NFN with HNP layers (one parameter shape; extra 'peers')"),
 }
@@ -69,6 +74,12 @@ def fitted_predictor(name: str, seed: int = 0):
     if entry(name).family == "metanetwork":
         raise ValueError(f"{name!r} is a metanetwork, not a predictor fitted on a split")
     return predictor_class(name)(seed)
+
+
+def baseline_names() -> list[str]:
+    """What a run fits beside its own predictor: every tabular predictor, and every other blend
+    partner (the probing ones read the models' function, not a feature table)."""
+    return [n for n, e in PREDICTORS.items() if e.family == "tabular" or (e.stack and e.family != "metanetwork")]
 
 
 def help_text() -> str:

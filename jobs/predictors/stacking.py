@@ -245,13 +245,16 @@ class Stack:
         return {"stack.json": json.dumps(doc).encode(), **files}
 
 
-def blend_partners(task: Task, sel, fitted: dict) -> tuple[list[str], list[str]]:
-    """(the statistics predictors of ``fitted`` that read every selected model, those of them a blend
-    keeps: not collapsed on validation); nothing for a class target or without a validation split."""
+def blend_partners(task: Task, sel, fitted: dict, residual: bool = False) -> tuple[list[str], list[str]]:
+    """(the blend partners of ``fitted`` that read every selected model, those of them a blend
+    keeps: not collapsed on validation); nothing for a class target or without a validation split.
+    ``residual``: only partners with out-of-fold predictions (what a residual metanetwork is trained
+    against: the tabular ones)."""
     from jobs.predictors import entry
 
     val = sel.mask("val")
-    candidates = [n for n, (_, r) in fitted.items() if entry(n).stack and r.applicable.all()]
+    candidates = [n for n, (p, r) in fitted.items() if entry(n).stack and r.applicable.all()
+                  and (not residual or hasattr(p, "out_of_fold"))]
     if not task.numeric or val.sum() < 2 or not candidates:
         return [], []
     return candidates, healthy(task, sel.targets[val], {n: fitted[n][1].predictions[val] for n in candidates})
@@ -261,7 +264,7 @@ def statistics_base(task: Task, sel, fitted: dict, features) -> np.ndarray | Non
     """What a residual metanetwork is trained against: the mean of the blend's statistics for every
     selected model, each training model's from learners fitted without it (``out_of_fold``), or None
     where a run would not blend. ``features(predictor)``: the features it was fitted on."""
-    _, partners = blend_partners(task, sel, fitted)
+    _, partners = blend_partners(task, sel, fitted, residual=True)
     if not partners:
         return None
     return np.mean([fitted[n][0].out_of_fold(*features(fitted[n][0]), sel) for n in partners], axis=0)
@@ -277,7 +280,7 @@ def stack_with_statistics(task: Task, sel, name: str, metanet: np.ndarray, fitte
     judgement of each selected model): a second blend of those, chosen on validation apart, for the
     models outside the gate. ``residual``: ``metanet`` predicts the targets minus the statistics."""
     val = sel.mask("val")
-    candidates, partners = blend_partners(task, sel, fitted)
+    candidates, partners = blend_partners(task, sel, fitted, residual)
     if not partners:
         return None
     parts = [fitted[n][1].predictions for n in partners]

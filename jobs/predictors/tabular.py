@@ -315,7 +315,8 @@ def predict_all(con, predictors: Sequence[TabularPredictor], model_ids: Sequence
     """Each fitted predictor's predictions for ``model_ids`` (NaN where it does not apply); those
     that read the same features with the same settings read them once."""
     read = FeatureReads()
-    return [p.predict_features(*read_once(read, p, con, model_ids)) for p in predictors]
+    return [p.predict_features(*read_once(read, p, con, model_ids)) if isinstance(p, TabularPredictor)
+            else p.predict(con, model_ids)[0] for p in predictors]
 
 
 class FeatureReads(dict):

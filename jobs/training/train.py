@@ -24,7 +24,7 @@ from jobs.metanets import build_metanetwork
 from jobs.metanets.ngnn import NGGNNConfig
 from jobs.analysis.probing import node_prober
 from jobs.metanets.probes import check_probe_graph
-from jobs.predictors import entry, names as predictor_names
+from jobs.predictors import baseline_names, entry
 from jobs.predictors.stacking import stack_with_statistics, statistics_base
 from jobs.predictors.tabular import feature_reads, fit_all, read_once
 from jobs.training.artifacts import save_metanetwork
@@ -199,7 +199,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
                                    probe=probe)
     # StatNN's features of the selection, shared by the head, the baselines and the blend: a pass over each
     # preparation of the graphs reads every block any of them wants
-    head, read = None, feature_reads(predictor_names("tabular") if cfg.baselines else (), cfg.head_spectral)
+    head, read = None, feature_reads(baseline_names() if cfg.baselines else (), cfg.head_spectral)
     if pretrained is not None and pretrained.head is not None:    # the source's map: its inputs mean the same
         head = pretrained.head
         stream.side = train_stream.side = head.of_models(con, sel.model_ids)
@@ -281,10 +281,13 @@ def _statistics(con, sel: Selection, cfg: TrainConfig, task: Task, read) -> tupl
     """The tabular predictors fitted on the selection (``cfg.baselines``), the blend's partners among
     them, and (balanced inputs with --plain-statistics) the fallback partners, gate and judgement
     ``stack_with_statistics`` takes."""
-    fitted = fit_all(con, sel, predictor_names("tabular"), cfg.seed, read=read) if cfg.baselines else {}
+    fitted = fit_all(con, sel, baseline_names(), cfg.seed, read=read) if cfg.baselines else {}
     partners, invariant, gated = fitted, symmetry_preparation(cfg), {}
     if cfg.stack and task.numeric and invariant and fitted:   # statistics of the same invariant graphs: the blend stays invariant
-        balanced = fit_all(con, sel, [n for n in fitted if entry(n).stack], cfg.seed, prepare=invariant, read=read)
+        balanced = fit_all(con, sel, [n for n in fitted if entry(n).stack and entry(n).reads == "weights"], cfg.seed,
+                           prepare=invariant, read=read)
+        # what a network computes is already the same for every rescaling of it: the probing partners as fitted
+        balanced.update({n: fitted[n] for n in fitted if entry(n).stack and entry(n).reads == "function"})
         if cfg.plain_statistics:       # ... for inputs outside the training models' own weight scales
             gate, trusted = TrustProfile.judged(con, sel.model_ids, sel.mask("train"))
             gated = {"fallback": balanced, "gate": gate, "trusted": trusted}
@@ -300,7 +303,7 @@ def train_fitted(catalog: Catalog, cfg: TrainConfig, store=None) -> RunReport:
     con = duck.connect(catalog)
     try:
         sel, counts, task = _selection(con, catalog, cfg)
-        names = [cfg.model] + ([n for n in predictor_names("tabular") if n != cfg.model] if cfg.baselines else [])
+        names = [cfg.model] + ([n for n in baseline_names() if n != cfg.model] if cfg.baselines else [])
         fitted = fit_all(con, sel, names, cfg.seed)
     finally:
         con.close()

@@ -10,6 +10,7 @@ from jobs.analysis.catalog_models import load_model
 from jobs.analysis.probing import InputSpec, Prober, node_prober, output_summaries
 from jobs.config import TrainConfig
 from jobs.predictors import fitted_predictor
+from jobs.predictors.probegen import ProbeGen, ProbeGenModel
 from jobs.training.data import select_models
 from jobs.training.train import train_heterognn
 from pipeline.graph_codec import read_graphs
@@ -77,18 +78,14 @@ def test_output_summaries_do_not_depend_on_which_output_is_which():
     assert s[0] < 1e-6 and s[1] > 0.999 and s[3] == 1.0     # no entropy, top probability 1, one modal answer
 
 
-def test_probe_predictor_reads_every_architecture_and_survives_save(catalog_dir):
+def test_probe_predictor_reads_every_architecture(catalog_dir):
+    """Its features on a catalog of CNNs and MLPs (its save and load: test_predictors, as every tabular one's)."""
     con = duck.connect(catalog_dir)
     sel = select_models(con, "test_accuracy", None, catalog=catalog_dir)
     p = fitted_predictor("probe")
     p.settings = p.settle(con, sel)
     x, ok = p.features(con, sel.model_ids)
     assert ok.all() and x.shape == (len(sel.model_ids), 8 + 64 * 10) and np.isfinite(x[:, :8]).all()
-    fit = p.fit(con, sel, (x, ok), p.settings)
-    assert fit.applicable.all() and np.isfinite(fit.predictions).all()
-    state, arrays = p.save()
-    again = type(p).load(state, arrays)
-    np.testing.assert_allclose(again.predict(con, sel.model_ids)[0], p.predict(con, sel.model_ids)[0])
 
 
 def test_ngnn_with_fixed_probes_trains_and_predicts_again(catalog_copy):
@@ -97,3 +94,26 @@ def test_ngnn_with_fixed_probes_trains_and_predicts_again(catalog_copy):
     report = train_heterognn(catalog_copy, cfg, progress=False)
     assert np.isfinite(report.metrics["ngnn"]["kendall_tau"])
     assert predict_again_gap(catalog_copy, report.run_id, "zoo = 'cnn'") < 1e-4
+
+
+class _QuickProbeGen(ProbeGen):
+    epochs = 2
+
+
+def test_probegen_learns_probes_through_the_programs_and_survives_save(catalog_dir):
+    """Learned probes move with training (the gradient flows through each model's program into the
+    generator), every model of the CNN and MLP zoos is read, and a saved predictor predicts the same."""
+    con = duck.connect(catalog_dir)
+    sel = select_models(con, "test_accuracy", None, catalog=catalog_dir)
+    p = _QuickProbeGen(0)
+    fit = p.fit(con, sel)
+    torch.manual_seed(0)                                          # the generators as fit drew them
+    before = ProbeGenModel(p.settings["signatures"], p.settings["width"]).state_dict()
+    assert fit.applicable.all() and np.isfinite(fit.predictions).all()
+    assert len(p.settings["signatures"]) == 2                     # 1x8x8 images and 4 features: two generators
+    after = p.model.state_dict()
+    assert all(not torch.equal(after[k], before[k]) for k in before if k.startswith("generators."))
+    assert all(isinstance(m, torch.nn.Linear) for m in p.model.generators["4:float32"].net)   # deep *linear*
+    state, arrays = p.save()
+    again = ProbeGen.load(state, arrays)
+    np.testing.assert_allclose(again.predict(con, sel.model_ids)[0], fit.predictions, rtol=1e-5, atol=1e-6)

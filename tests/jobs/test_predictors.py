@@ -16,13 +16,16 @@ def test_every_entry_names_a_class_of_its_family():
     from jobs.predictors.nfn import NFN
     from jobs.predictors.tabular import TabularPredictor
 
-    base = {"metanetwork": NGGNN, "tabular": TabularPredictor, "weightspace": NFN}
+    from jobs.predictors.probegen import ProbeGen
+
+    base = {"metanetwork": NGGNN, "tabular": TabularPredictor, "weightspace": NFN, "function": ProbeGen}
     for name, e in PREDICTORS.items():
         cls = predictor_class(name)
         assert issubclass(cls, base[e.family]), name
         if e.family != "metanetwork":
             assert cls.name == name
-    assert set(names("metanetwork")) | set(names("tabular")) | set(names("weightspace")) == set(PREDICTORS)
+    assert set(names("metanetwork")) | set(names("tabular")) | set(names("weightspace")) | set(names("function")) \
+        == set(PREDICTORS)
     with pytest.raises(ValueError, match="unknown predictor 'ridge'"):
         entry("ridge")
     with pytest.raises(ValueError, match="'ngnn' is a metanetwork, not a predictor fitted on a split"):
