@@ -4,9 +4,11 @@ Every model runs through its own checked program on the same ``DEFAULT_PROBES`` 
 of its input's shape (jobs.analysis.probing: N(0, 1) values, or uniform token ids), no weight read.
 Its features are the eight summaries of its answers that do not depend on which output is which
 (``probing.output_summaries``: softmax entropy, top probability, spread across probes, the share
-of the modal answer, ...), then the answers themselves, probe by probe (``n x k`` numbers; models
-with fewer outputs than the training models' most common count are padded with NaN, more are
-cut). Gradient boosting reads them, its hyperparameters chosen on validation, as every tabular
+of the modal answer, ...), each output's mean and spread over the probes, then the first 16
+probes' answers one by one (models with fewer outputs than the training models' most common
+count are padded with NaN, more are cut). On the development wild CNN zoo (seed 3, 500 training
+models, 3 folds) every probe's answers one by one (648 columns) were 0.004 of tau ahead of these
+188 on average, inside the folds' spread, at four times the fitting time. Gradient boosting reads them, its hyperparameters chosen on validation, as every tabular
 predictor's (jobs.predictors.tabular). As cheap as StatNN: one forward pass of 64 inputs per model,
 each model's answers cached for the process.
 
@@ -26,6 +28,7 @@ from jobs.predictors.tabular import TabularPredictor
 from jobs.training.data import Selection
 
 SUMMARIES = 8
+ANSWERED = 16          # probes whose answers are features one by one (all of them feed the summaries)
 
 
 class Probe(TabularPredictor):
@@ -52,15 +55,20 @@ class Probe(TabularPredictor):
         return self._rows([prober.run(m, g).outputs for m, g in zip(model_ids, graphs)], n, width)
 
     def _rows(self, outs, n: int, width: int) -> np.ndarray:
-        x = np.full((len(outs), SUMMARIES + n * width), np.nan)
+        """Per model: the summaries, each output's mean and spread over all probes, then the first
+        ``ANSWERED`` probes' answers (NaN past the model's own outputs)."""
+        shown = min(n, ANSWERED)
+        x = np.full((len(outs), SUMMARIES + 2 * width + shown * width), np.nan)
         for i, o in enumerate(outs):
             if o is None:
                 continue
-            x[i, :SUMMARIES] = output_summaries(o)
             k = min(width, o.shape[1])
             answers = np.full((n, width), np.nan)
             answers[:, :k] = o[:, :k]
-            x[i, SUMMARIES:] = answers.reshape(-1)
+            x[i, :SUMMARIES] = output_summaries(o)
+            x[i, SUMMARIES:SUMMARIES + width] = answers.mean(0)
+            x[i, SUMMARIES + width:SUMMARIES + 2 * width] = answers.std(0)
+            x[i, SUMMARIES + 2 * width:] = answers[:shown].reshape(-1)
         return x
 
     def note(self) -> str:

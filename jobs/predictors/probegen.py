@@ -41,6 +41,24 @@ LATENT = 32
 WIDTH = 128
 
 
+KEPT_BYTES = 2 << 30        # weights of the networks kept in memory between steps (the rest are read again)
+
+
+class Rebuilt:
+    """A network read from the catalog again on every call (past ``KEPT_BYTES``)."""
+
+    def __init__(self, prober: Prober, model_id: str, device: str):
+        self.prober, self.model_id, self.device = prober, model_id, device
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        graph, = read_graphs(self.prober.con.cursor(), [self.model_id])
+        net, _ = self.prober.network(self.model_id, graph)
+        return net.to(self.device)(x)
+
+    def requires_grad_(self, flag: bool) -> "Rebuilt":
+        return self
+
+
 def _signature(spec) -> str:
     return "x".join(map(str, spec.shape)) + f":{str(spec.dtype).removeprefix('torch.')}"
 
@@ -99,9 +117,10 @@ class ProbeGen:
     # --- inputs
     def networks(self, con, model_ids: Sequence[str]) -> tuple[list, list[str | None], dict[str, list[int]]]:
         """Each model's network (None where it cannot run or takes tokens), its input signature, and
-        the shape of each signature."""
+        the shape of each signature. Networks are kept in memory up to ``KEPT_BYTES`` of weights; past
+        that, an entry is a ``Rebuilt`` that reads the model's graph again whenever it runs."""
         prober = Prober(con, PROBES)
-        nets, sigs, reasons, shapes = [], [], {}, {}
+        nets, sigs, reasons, shapes, kept = [], [], {}, {}, 0
         ids = list(model_ids)
         prober._locate(ids)
         for start in range(0, len(ids), 256):
@@ -111,7 +130,9 @@ class ProbeGen:
                     net, spec = prober.network(mid, graph)
                     if not spec.dtype.is_floating_point:
                         raise JobError("token inputs: learned probes need inputs a gradient can move")
-                    nets.append(net.to(self.device))
+                    size = sum(b.numel() * b.element_size() for b in net.buffers())
+                    kept += size
+                    nets.append(net.to(self.device) if kept <= KEPT_BYTES else Rebuilt(prober, mid, self.device))
                     sigs.append(_signature(spec))
                     shapes[_signature(spec)] = list(spec.shape)
                 except JobError as exc:
@@ -130,8 +151,9 @@ class ProbeGen:
 
     # --- fit and predict
     def fit(self, con, sel: Selection, features=None, settings: dict | None = None, log=None) -> Prediction:
-        if not task_named(sel.task).numeric:
-            raise JobError(f"{self.name} predicts a number, not a {sel.task} target")
+        if not task_named(sel.task).numeric:          # beside a classification run: it abstains, and says why
+            return Prediction(self.name, np.full(len(sel.model_ids), np.nan), np.zeros(len(sel.model_ids), bool),
+                              f"predicts a number, not a {sel.task} target")
         self.task, self.target, self.classes = sel.task, sel.target, list(sel.classes)
         self.settings = dict(settings) if settings is not None else self.settle(con, sel)
         nets, sigs, shapes = self.networks(con, sel.model_ids)

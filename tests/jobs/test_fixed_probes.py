@@ -85,7 +85,7 @@ def test_probe_predictor_reads_every_architecture(catalog_dir):
     p = fitted_predictor("probe")
     p.settings = p.settle(con, sel)
     x, ok = p.features(con, sel.model_ids)
-    assert ok.all() and x.shape == (len(sel.model_ids), 8 + 64 * 10) and np.isfinite(x[:, :8]).all()
+    assert ok.all() and x.shape == (len(sel.model_ids), 8 + 2 * 10 + 16 * 10) and np.isfinite(x[:, :8]).all()
 
 
 def test_ngnn_with_fixed_probes_trains_and_predicts_again(catalog_copy):
