@@ -82,6 +82,12 @@ def baseline_names() -> list[str]:
     return [n for n, e in PREDICTORS.items() if e.family == "tabular" or (e.stack and e.family != "metanetwork")]
 
 
+def answer_name(metanetwork: str) -> str:
+    """The name of a run's answer when every blend partner is a candidate: the metanetwork and the
+    partners, in registry order (jobs.predictors.stacking.Stack.name)."""
+    return "+".join([metanetwork, *(n for n, e in PREDICTORS.items() if e.stack)])
+
+
 def help_text() -> str:
     """One line per predictor, for --model's help."""
     return "; ".join(f"{n}: {e.summary}" for n, e in PREDICTORS.items())

@@ -19,6 +19,7 @@ from pipeline.neural_graph.symmetry import random_hidden_permutation
 from pipeline.zoo.make import make_zoo
 from tests.conftest import ingest_with_split_column
 from zoocore.errors import JobError
+from jobs.predictors import answer_name
 
 FAST = dict(ensemble=1, epochs=3, batch_size=8, hidden=16, edge_hidden=8, layers=2, patience=3)
 
@@ -35,9 +36,9 @@ def trained(tmp_path_factory, catalog_dir):
 
 def test_run_reports_and_writes_results(trained):
     root, report = trained
-    from jobs.predictors import names
+    from jobs.predictors import answer_name, baseline_names
 
-    assert set(report.metrics) == {"ngnn", "ngnn+statnn+statnn_mlp+statnn_spectral", *names("tabular")}
+    assert set(report.metrics) == {"ngnn", answer_name("ngnn"), *baseline_names()}
     assert report.metrics["ngnn"]["n"] == report.n_models["test"]
     con = duck.connect(root)
     # the reported scores are the scores of the written predictions against the catalog's targets
@@ -81,7 +82,7 @@ def test_predict_applies_the_saved_metanetwork_to_new_models(trained, tmp_path):
     weight, partners, fallback = saved["weight"], saved["partners"], saved["fallback"]
     run_id, method = con.execute("SELECT run_id, method FROM runs WHERE run_id LIKE ?",
                                  [report.run_id + "-predict-%"]).fetchone()
-    assert method == "ngnn+statnn+statnn_mlp+statnn_spectral"
+    assert method == answer_name("ngnn")
     by = {m: dict(con.execute("SELECT model_id, predicted FROM predictions WHERE run_id = ? AND method = ?",
                               [run_id, m]).fetchall()) for m in (method, "ngnn", *partners)}
     assert len(by[method]) == 4
