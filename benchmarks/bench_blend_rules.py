@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("catalogs", nargs="+", type=Path, help="catalogs holding 3-fold benchmark runs")
     ap.add_argument("--variants", default="COLLAPSED=0.1,COLLAPSED=0.05",
                     help="comma-separated SETTING=VALUE, each set alone over today's defaults; the first is the "
-                         f"baseline. Settings: COLLAPSED (a number >= 0), WEIGHT_RULE (grid, bagged, even), "
+                         f"baseline. Settings: COLLAPSED (a number >= 0), WEIGHT_RULE (select, grid, bagged, even), "
                          "CALIBRATION (affine, none). "
                          "Default: COLLAPSED=0.1,COLLAPSED=0.05")
     ap.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples")

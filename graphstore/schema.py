@@ -107,7 +107,7 @@ PREDICTIONS = pa.schema([
     ("target", pa.string()),
     ("predicted", pa.float64()),
     ("predicted_label", pa.string()),
-    ("method", pa.string()),             # a jobs.predictors name, or a blend of them (ngnn+statnn+statnn_mlp+statnn_spectral)
+    ("method", pa.string()),             # a jobs.predictors name, or a blend of them (ngnn+statnn+...+probegen)
     ("in_distribution", pa.bool_()),     # jobs predict: the input's weight scales lie within the training models'
 ])
 

@@ -138,9 +138,10 @@ class OptimConfig:
     init_catalog: str | None = option(None, "The catalog holding --init-from's run (default: the one trained on).",
                                       metavar="PATH")
     stack: bool = option(True, "Regression with a metanetwork: the run's answer is w * metanetwork + (1 - w) * the "
-                         "mean of the statistics predictors (StatNN's two learners and StatNN with spectral descriptors), w in 0, "
+                         "mean of the blend partners (StatNN's two learners, StatNN with spectral descriptors, and the probing "
+                         "predictors probe and probegen; those more than 0.05 behind the best on validation left out), w in 0, "
                          "0.1, ..., 1 chosen on validation, then recalibrated by a line a * answer + b fitted on validation (the row "
-                         "'ngnn+statnn+statnn_mlp+statnn_spectral'); needs the baselines.")
+                         "'ngnn+statnn+...+probegen'); needs the baselines.")
     plain_statistics: bool = option(True, "With balanced (or canonical) inputs, the blend's statistics read the "
                                     "checkpoints' own weights for inputs whose weight scales lie within the training "
                                     "models' (what the weights' scales say about training is kept), and the balanced "

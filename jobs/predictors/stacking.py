@@ -1,7 +1,8 @@
-"""A metanetwork and statistics in one prediction: ``w * metanetwork + (1 - w) * statistics``,
-where *statistics* is the mean of the registry's statistics predictors (jobs.predictors entries
-with ``stack=True``: StatNN's two learners and ``statnn_spectral``) and ``w`` in 0, 0.1, ..., 1 is
-chosen on the validation split. The third partner joined after the development zoos' folds, re-scored
+"""A metanetwork and its partners in one prediction: ``w * metanetwork + (1 - w) * statistics``,
+where *statistics* is the mean of the registry's blend partners (jobs.predictors entries with
+``stack=True``: StatNN's two learners, ``statnn_spectral``, and the probing predictors ``probe``
+and ``probegen``, which read what each network computes) and ``w`` in 0, 0.1, ..., 1 is chosen on
+the validation split. The third partner joined after the development zoos' folds, re-scored
 offline, gained +0.002 to +0.010 with it in 8 of 9 (docs/metanetworks.md).
 
 Why: on zoos this project did not make, a metanetwork alone can lose to statistics (issue #31); a
@@ -56,8 +57,9 @@ from jobs.training.trust import TrustProfile
 
 WEIGHTS = np.round(np.linspace(0.0, 1.0, 11), 2)
 COLLAPSED = 0.05         # validation score (Kendall tau for regression) this far below the best partner's: dropped
-WEIGHT_RULE = "grid"     # how choose_weight reads validation: one of WEIGHT_RULES
-WEIGHT_RULES = ("grid", "bagged", "even")
+WEIGHT_RULE = "select"   # how the blend reads validation: one of WEIGHT_RULES
+WEIGHT_RULES = ("select", "grid", "bagged", "even")
+SELECTION_STEPS = 10     # greedy steps of ensemble selection (the "select" rule): shares are multiples of 1/10
 BAGS = 100               # bootstrap resamples of the "bagged" rule
 CALIBRATION = "affine"   # the blend recalibrated on validation: one of CALIBRATIONS
 CALIBRATIONS = ("affine", "none")
@@ -75,9 +77,32 @@ def choose_weight(task: Task, y: np.ndarray, metanet: np.ndarray, statistics: np
         picks = [best_weight(task, y[i], metanet[i], statistics[i])
                  for i in (rng.integers(0, len(y), len(y)) for _ in range(BAGS))]
         return float(np.round(np.mean(picks), 2))
-    if WEIGHT_RULE != "grid":
+    if WEIGHT_RULE not in ("grid", "select"):      # "select" weighs a residual run's blend by the grid
         raise ValueError(f"unknown weight rule {WEIGHT_RULE!r}; rules: {', '.join(WEIGHT_RULES)}")
     return best_weight(task, y, metanet, statistics)
+
+
+def ensemble_selection(task: Task, y: np.ndarray, predictions: dict[str, np.ndarray],
+                       steps: int = SELECTION_STEPS) -> dict[str, float]:
+    """Ensemble selection (Caruana et al., ICML 2004): ``steps`` times, add (with replacement) the
+    member whose addition gives the mean with the best validation score; each member's share is how
+    often it was added. Its first step is the best single member on validation, and a member is
+    added again only where that helps, so a strong member is never averaged away by weaker ones.
+    Ties go to the first member in order."""
+    names = list(predictions)
+    counts = dict.fromkeys(names, 0)
+    total = None
+    for k in range(steps):
+        best = None
+        for n in names:
+            cand = predictions[n] if total is None else (total + predictions[n]) / (k + 1)
+            s = task.score(task.metrics(y, cand))
+            s = s if np.isfinite(s) else -np.inf
+            if best is None or s > best[0] + 1e-12:
+                best = (s, n)
+        counts[best[1]] += 1
+        total = predictions[best[1]] if total is None else total + predictions[best[1]]
+    return {n: c / steps for n, c in counts.items()}
 
 
 def best_weight(task: Task, y: np.ndarray, metanet: np.ndarray, statistics: np.ndarray) -> float:
@@ -155,6 +180,7 @@ class Stack:
     gate: TrustProfile | None = None       # the training models' own weight scales (read without preparation)
     residual: bool = False                 # the metanetwork predicts the targets minus the statistics
     line: Line = field(default_factory=Line)   # the blend's recalibration on validation
+    shares: list[float] | None = None      # each partner's share of the partners' part (sums to 1); None: the mean
 
     @property
     def name(self) -> str:
@@ -162,9 +188,23 @@ class Stack:
         kept, so that a recipe's answer has one name on every zoo and fold."""
         return "+".join([self.metanetwork, *(self.candidates or self.partners)])
 
+    def statistics(self, partners: list[np.ndarray]) -> np.ndarray:
+        """The partners' part: their mean, or their mean weighted by ``shares``."""
+        if self.shares is None:
+            return np.mean(partners, axis=0)
+        return np.sum([s * np.asarray(p, float) for s, p in zip(self.shares, partners)], axis=0)
+
     @property
     def note(self) -> str:
         dropped = [c for c in self.candidates if c not in self.partners]
+        if self.shares is not None:
+            parts = [f"{self.weight:g} x {self.metanetwork}"] if self.weight else []
+            parts += [f"{(1 - self.weight) * s:.2g} x {n}" for n, s in zip(self.partners, self.shares)]
+            text = " + ".join(parts) + ", chosen on val by ensemble selection"
+            if self.line != Line():
+                sign = "-" if self.line.intercept < 0 else "+"
+                text += f"; recalibrated on val ({self.line.slope:.3g} x {sign} {abs(self.line.intercept):.3g})"
+            return text if self.fallback is None else f"{text}; outside the training models' weight scales: {self.fallback.note}"
         if self.residual:
             text = (f"mean({', '.join(self.partners)}) + {self.weight:g} x {self.metanetwork} trained on its "
                     "residual, w chosen on val")
@@ -186,7 +226,7 @@ class Stack:
         """The blend where every partner has an answer, the metanetwork alone elsewhere (a residual
         metanetwork: NaN there); with a fallback, its blend (of ``fallback``, its partners'
         predictions) where ``trusted`` is False."""
-        statistics = np.mean(partners, axis=0)
+        statistics = self.statistics(partners)
         if self.residual:
             metanet = statistics + np.asarray(metanet, float)
         out = np.where(np.isfinite(statistics), self.line(blend(metanet, statistics, self.weight)), metanet)
@@ -231,14 +271,14 @@ class Stack:
 
         doc = {"format": STACK_FORMAT, "metanetwork": self.metanetwork, "partners": self.partners,
                "weight": self.weight, "candidates": self.candidates or self.partners, "residual": self.residual,
-               "line": self.line.to_dict()}
+               "line": self.line.to_dict(), "shares": self.shares}
         files = {}
         for name, p in zip(self.partners, self.predictors):
             files.update(predictor_files(f"stack-{name}", p))
         if self.fallback is not None:
             doc["fallback"] = {"partners": self.fallback.partners, "weight": self.fallback.weight,
                                "candidates": self.fallback.candidates or self.fallback.partners,
-                               "line": self.fallback.line.to_dict()}
+                               "line": self.fallback.line.to_dict(), "shares": self.fallback.shares}
             doc["gate"] = self.gate.to_dict()
             for name, p in zip(self.fallback.partners, self.fallback.predictors):
                 files.update(predictor_files(f"stack-fallback-{name}", p))
@@ -283,16 +323,31 @@ def stack_with_statistics(task: Task, sel, name: str, metanet: np.ndarray, fitte
     candidates, partners = blend_partners(task, sel, fitted, residual)
     if not partners:
         return None
+    shares = None
+    if WEIGHT_RULE == "select" and not residual:     # the metanetwork and every candidate, weighted on val
+        chosen = ensemble_selection(task, sel.targets[val], {name: metanet[val], **{
+            n: fitted[n][1].predictions[val] for n in candidates}})
+        weight = chosen.pop(name)
+        kept = [n for n in candidates if chosen[n] > 0]
+        if not kept:                  # the metanetwork alone: the best partner on validation, at weight 0
+            kept = [max(candidates, key=lambda n: task.score(task.metrics(sel.targets[val],
+                                                                            fitted[n][1].predictions[val])))]
+            chosen[kept[0]] = 1.0
+        partners = kept
+        total = sum(chosen[n] for n in partners)
+        shares = [chosen[n] / total for n in partners]
     parts = [fitted[n][1].predictions for n in partners]
-    statistics = np.mean(parts, axis=0)
+    statistics = (np.mean(parts, axis=0) if shares is None
+                  else np.sum([s * p for s, p in zip(shares, parts)], axis=0))
     full = statistics + metanet if residual else metanet
-    weight = choose_weight(task, sel.targets[val], full[val], statistics[val])
+    if shares is None:
+        weight = choose_weight(task, sel.targets[val], full[val], statistics[val])
     train = sel.targets[sel.mask("train")].astype(float)
     train = train[np.isfinite(train)]
     bounds = (float(train.min()), float(train.max())) if len(train) else (-np.inf, np.inf)
     line = fit_line(sel.targets[val], blend(full[val], statistics[val], weight), bounds)
     stack = Stack(name, partners, weight, [fitted[n][0] for n in partners], candidates=candidates,
-                  residual=residual, line=line)
+                  residual=residual, line=line, shares=shares)
     if fallback is None:
         stack.predictions = stack.apply(metanet, parts)
         return stack
@@ -302,6 +357,16 @@ def stack_with_statistics(task: Task, sel, name: str, metanet: np.ndarray, fitte
     stack.gate = gate
     stack.predictions = stack.apply(metanet, parts, trusted, [fallback[n][1].predictions for n in stack.fallback.partners])
     return stack
+
+
+def _shares(raw, n: int) -> list[float] | None:
+    """A saved blend's partner shares (runs saved before ensemble selection have none: the mean)."""
+    if raw is None:
+        return None
+    shares = [float(s) for s in raw]
+    if len(shares) != n or any(not np.isfinite(s) or s < 0 for s in shares) or abs(sum(shares) - 1) > 1e-6:
+        raise ValueError(f"partner shares {raw!r} do not fit {n} partners")
+    return shares
 
 
 def read_stack(catalog, run_id: str) -> Stack | None:
@@ -318,12 +383,14 @@ def read_stack(catalog, run_id: str) -> Stack | None:
             raise ValueError(f"not a {STACK_FORMAT} file")
         stack = Stack(str(doc["metanetwork"]), [str(p) for p in doc["partners"]], float(doc["weight"]),
                       candidates=[str(p) for p in doc.get("candidates", doc["partners"])],
-                      residual=bool(doc.get("residual", False)), line=Line.from_dict(doc.get("line")))
+                      residual=bool(doc.get("residual", False)), line=Line.from_dict(doc.get("line")),
+                      shares=_shares(doc.get("shares"), len(doc["partners"])))
         if doc.get("fallback") is not None:       # runs saved before plain statistics where trusted: none
             fb = doc["fallback"]
             stack.fallback = Stack(stack.metanetwork, [str(p) for p in fb["partners"]], float(fb["weight"]),
                                    candidates=[str(p) for p in fb["candidates"]], residual=stack.residual,
-                                   line=Line.from_dict(fb.get("line")))
+                                   line=Line.from_dict(fb.get("line")),
+                                   shares=_shares(fb.get("shares"), len(fb["partners"])))
             stack.gate = TrustProfile.from_dict(doc["gate"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise JobError(f"cannot read the blend of run {run_id}: {exc}") from None

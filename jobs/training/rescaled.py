@@ -32,7 +32,7 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     """Test metrics of the metanetwork (and of the fitted ``baselines`` that read in-memory graphs,
     and of the run's blend ``stack``; ``head``: the run's head statistics, if it has them) on rescaled
     copies U[1, max_scale] of the test models:
-    ``{"ngnn@xMAX": ..., "statnn@xMAX": ..., "ngnn+statnn+statnn_mlp+statnn_spectral@xMAX": ...}``."""
+    ``{"ngnn@xMAX": ..., "statnn@xMAX": ..., "ngnn+statnn+...+probegen@xMAX": ...}``."""
     test_idx = np.nonzero(sel.mask("test"))[0]
     ids = [sel.model_ids[i] for i in test_idx]
     graphs = rescaled_test_graphs(con, ids, max_scale, cfg.seed)

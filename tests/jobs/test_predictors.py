@@ -248,3 +248,50 @@ def test_nfn_trains_as_a_run_and_predict_rebuilds_it(catalog_copy):
     assert {zoo[m] for m in read} == {"mlp"}
     assert {m for m, v in again.items() if v is not None and np.isfinite(v)} == read
     assert all(again[m] == pytest.approx(mine[m], rel=1e-5) for m in read)
+
+
+def test_ensemble_selection_keeps_a_strong_member_whole_and_mixes_level_ones():
+    """The "select" rule: a member far ahead on validation is the answer alone (weaker partners are
+    not averaged in), level members that err apart are mixed, and a collapsed one is never added."""
+    from jobs.predictors.stacking import ensemble_selection
+    from jobs.training.tasks import task_named
+
+    rng = np.random.default_rng(2)
+    task = task_named("regression")
+    y = rng.uniform(0.1, 0.9, 200)
+    strong, weak, noise = y + rng.normal(0, 0.02, 200), y + rng.normal(0, 0.3, 200), rng.uniform(0, 1, 200)
+    assert ensemble_selection(task, y, {"ngnn": weak, "probegen": strong, "statnn": noise}) == \
+        {"ngnn": 0.0, "probegen": 1.0, "statnn": 0.0}
+    a, b = y + rng.normal(0, 0.1, 200), y + rng.normal(0, 0.1, 200)
+    shares = ensemble_selection(task, y, {"a": a, "b": b, "noise": noise})
+    assert shares["noise"] == 0.0 and 0.2 <= shares["a"] <= 0.8 and shares["a"] + shares["b"] == pytest.approx(1.0)
+    mixed = shares["a"] * a + shares["b"] * b
+    assert task.score(task.metrics(y, mixed)) > max(task.score(task.metrics(y, p)) for p in (a, b))
+
+
+def test_the_answer_weighs_the_metanetwork_and_every_partner_on_validation():
+    """stack_with_statistics under the default rule: the shares are saved, the predictions are the
+    weighted blend recalibrated by the line, and a partner far ahead on validation carries it."""
+    from types import SimpleNamespace
+
+    from jobs.predictors.stacking import stack_with_statistics
+    from jobs.predictors.tabular import Prediction
+    from jobs.training.tasks import task_named
+
+    rng = np.random.default_rng(3)
+    n = 300
+    y = rng.uniform(0.1, 0.9, n)
+    split = np.array(["train"] * 150 + ["val"] * 75 + ["test"] * 75)
+    sel = SimpleNamespace(targets=y, mask=lambda s: split == s)
+    preds = {"statnn": y + rng.normal(0, 0.3, n), "statnn_mlp": rng.uniform(0, 1, n),
+             "statnn_spectral": y + rng.normal(0, 0.3, n), "probe": y + rng.normal(0, 0.2, n),
+             "probegen": y + rng.normal(0, 0.03, n)}
+    fitted = {k: (object(), Prediction(k, v, np.ones(n, bool))) for k, v in preds.items()}
+    metanet = y + rng.normal(0, 0.25, n)
+    stack = stack_with_statistics(task_named("regression"), sel, "ngnn", metanet, fitted)
+    assert stack.partners[0] == "probegen" and stack.shares[0] >= 0.7 and "statnn_mlp" not in stack.partners
+    weighted = stack.weight * metanet + (1 - stack.weight) * sum(s * preds[p] for s, p in zip(stack.shares, stack.partners))
+    np.testing.assert_allclose(stack.predictions, stack.line(weighted))
+    test = split == "test"
+    task = task_named("regression")
+    assert task.score(task.metrics(y[test], stack.predictions[test])) >= task.score(task.metrics(y[test], preds["probegen"][test])) - 0.01
