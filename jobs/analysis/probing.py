@@ -290,6 +290,11 @@ class Prober:
         out = out.detach().float().reshape(self.n, -1)[:, :MAX_OUTPUTS].numpy()
         return Probed(out, feats)
 
+    def _key(self, model_id: str) -> tuple:
+        """The process cache's key of ``model_id``'s answers: the program's content, the probes and the
+        budget (a prober with a smaller budget refuses what a larger one answered, cache or not)."""
+        return model_id, self._source(model_id)[2], self.n, self.seed, self.memory_budget
+
     def outputs(self, model_ids: Sequence[str], progress: Callable[[int], None] | None = None
                 ) -> tuple[list[np.ndarray | None], list[str]]:
         """Each model's outputs (None where it cannot be probed) and the reasons of those that
@@ -299,13 +304,13 @@ class Prober:
         reasons: dict[str, str] = {}
         for start in range(0, len(todo), 256):
             chunk = [m for m in todo[start:start + 256] if m in self._where]
-            cached = {m: _CACHE.get((m, self._source(m)[2], self.n, self.seed)) for m in chunk}
+            cached = {m: _CACHE.get(self._key(m)) for m in chunk}
             self._outputs.update({m: v for m, v in cached.items() if v is not None})
             chunk = [m for m in chunk if cached[m] is None]
             for mid, graph in zip(chunk, read_graphs(self.con, chunk, plans=self._plans)):
                 try:
                     self._outputs[mid] = self.run(mid, graph).outputs
-                    _CACHE.put((mid, self._source(mid)[2], self.n, self.seed), self._outputs[mid])
+                    _CACHE.put(self._key(mid), self._outputs[mid])
                 except JobError as exc:
                     self._outputs[mid] = None
                     reasons.setdefault(str(exc).split(": ", 1)[-1], mid)

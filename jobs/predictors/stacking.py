@@ -201,6 +201,9 @@ class Stack:
             parts = [f"{self.weight:g} x {self.metanetwork}"] if self.weight else []
             parts += [f"{(1 - self.weight) * s:.2g} x {n}" for n, s in zip(self.partners, self.shares)]
             text = " + ".join(parts) + ", chosen on val by ensemble selection"
+            prepared = sorted({k for p in self.predictors
+                               for k, v in (getattr(p, "settings", {}).get("prepare") or {}).items() if v})
+            text += f" (statistics of {', '.join(prepared)} graphs)" if prepared else ""
             if self.line != Line():
                 sign = "-" if self.line.intercept < 0 else "+"
                 text += f"; recalibrated on val ({self.line.slope:.3g} x {sign} {abs(self.line.intercept):.3g})"

@@ -126,8 +126,13 @@ def test_a_rescaled_copy_gets_the_blend_of_balanced_statistics(canonical_run):
         np.testing.assert_allclose(p[f], balanced[f], rtol=1e-3, atol=1e-5)
     both = flagged[0] & flagged[1]
     np.testing.assert_allclose(on_copies[0][both], on_copies[1][both], rtol=1e-3, atol=1e-5)
-    # and the plain statistics did move: on the clean models the answer is not the balanced blend
-    assert not np.allclose([answer[i] for i in ids], balanced, rtol=1e-3)
+    # where statistics of the plain weights are in the answer, they moved it off the balanced blend on the
+    # clean models (the probing partners read the function, which a balancing does not change)
+    from jobs.predictors import PREDICTORS
+
+    plain = [s for n, s in zip(stack.partners, stack.shares) if PREDICTORS[n].reads == "weights" and s > 0]
+    if plain and stack.weight < 1:     # the plain statistics in the answer moved it off the balanced blend
+        assert not np.allclose([answer[i] for i in ids], balanced, rtol=1e-3), stack.note
 
 
 def test_compressed_values_are_the_signed_log_of_the_graphs(catalog_dir):
