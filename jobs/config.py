@@ -185,6 +185,10 @@ class MetanetConfig:
                                "model's own checked program, any architecture: each neuron node's value on each "
                                "probe (a conv channel's map pooled by mean and by max) joins its node features "
                                "(jobs.analysis.probing). 0 = off.", type=click.IntRange(min=0), metavar="N")
+    probe_inputs: str = option("noise", "What --fixed-probes feeds: 'noise' (seeded, data-free: the prediction is from "
+                               "the network alone) or 'data' (unlabelled training inputs of each model's data set, "
+                               "where it is recorded and held here; the prediction then depends on that data too).",
+                               type=click.Choice(["noise", "data"]))
     quasi: bool = option(False, "Add the quasi-equivariant scaling layer (Quasi-Equivariant Metanetworks, ICLR "
                          "2026): a learned per-neuron factor 1 + eps*sin(.) from per-neuron and per-layer weight "
                          "statistics; its parameter overhead is printed.")

@@ -8,7 +8,11 @@ A *probe* is an input drawn once from a fixed seed, in the shape and type the ne
   rows, one sequence of the program's own length per probe.
 
 Every model of one input signature sees the same probes, so its answers are comparable across
-the zoo. Each model runs only as ``pipeline.neural_graph.runnable.Network``: its architecture's
+the zoo. That is the default, *noise* probes: the prediction is from the network alone. With
+``inputs="data"`` the probes are instead unlabelled inputs of the data set the model was trained on
+(its metadata's ``dataset``, where ``pipeline.datasets`` holds it: ``n`` training inputs drawn with
+the seed, no label read); a model whose data set is not known is refused by name. The prediction
+then also depends on that data, not on the network alone. Each model runs only as ``pipeline.neural_graph.runnable.Network``: its architecture's
 program from the catalog (the JSON spec's export, or the kept ``.pt2``/traced program, checked
 before it runs), on the state dict the exact inverse rebuilds from the model's graph. Nothing
 a zoo file could add runs.
@@ -54,8 +58,10 @@ DEFAULT_PROBES = 64                # probes per model for the probe predictor
 MEMORY_BUDGET = 1 << 30            # bytes of intermediate values one model's probes may hold
 MAX_OUTPUTS = 4096                 # output numbers per probe kept (a larger output is cut to its first ones)
 PROBE_SEED = 0
+PROBE_INPUTS = ("noise", "data")   # seeded noise (data-free, the default) | unlabelled inputs of the model's data set
 CACHE_BYTES = 512 << 20           # answers kept per process (by model, program content, probes and seed)
-PARTS = ("SELECT m.model_id, m.architecture_id, p.zoo, p.part FROM models m "
+PARTS = ("SELECT m.model_id, m.architecture_id, p.zoo, p.part, "
+         "json_extract_string(m.metadata_json, '$.dataset') FROM models m "
          "JOIN _model_parts p USING (model_id) WHERE m.model_id IN (SELECT * FROM UNNEST(?))")
 
 
@@ -84,6 +90,23 @@ class InputSpec:
         if self.dtype.is_floating_point:
             return torch.randn((n, *self.shape), generator=gen).to(self.dtype)
         return torch.randint(0, self.vocabulary, (n, *self.shape), generator=gen, dtype=self.dtype)
+
+    def data_probes(self, dataset: str | None, n: int, seed: int = PROBE_SEED) -> torch.Tensor:
+        """``n`` unlabelled training inputs of ``dataset`` in this input's shape, drawn with ``seed``
+        (with replacement only where the data set holds fewer); JobError where none are held here."""
+        from pipeline.datasets import evaluation_data
+
+        if not dataset:
+            raise JobError("its data set is not recorded (metadata 'dataset'): use noise probes")
+        if not self.dtype.is_floating_point:
+            raise JobError(f"its input is {self.dtype} token ids: data probes are images or feature vectors")
+        try:
+            x = evaluation_data(dataset, list(self.shape))[0]
+        except KeyError:
+            raise JobError(f"no inputs of data set {dataset!r} in the shape {list(self.shape)} are held here "
+                           "(use noise probes)") from None
+        rows = np.random.default_rng(seed).choice(len(x), n, replace=len(x) < n)
+        return torch.from_numpy(np.ascontiguousarray(x[rows])).to(self.dtype)
 
 
 def _user_input(exported):
@@ -200,10 +223,14 @@ class Prober:
     """Runs catalog models on fixed probes (see the module docstring): ``n`` probes drawn with ``seed``;
     each architecture's program built once per content (and checked); answers cached per model."""
 
-    def __init__(self, con, n: int = DEFAULT_PROBES, seed: int = PROBE_SEED, memory_budget: int = MEMORY_BUDGET):
+    def __init__(self, con, n: int = DEFAULT_PROBES, seed: int = PROBE_SEED, memory_budget: int = MEMORY_BUDGET,
+                 inputs: str = "noise"):
         if n < 1:
             raise ValueError("at least one probe")
-        self.con, self.n, self.seed, self.memory_budget = con, n, seed, memory_budget
+        if inputs not in PROBE_INPUTS:
+            raise ValueError(f"probe inputs are one of {', '.join(PROBE_INPUTS)}, not {inputs!r}")
+        self.con, self.n, self.seed, self.memory_budget, self.inputs = con, n, seed, memory_budget, inputs
+        self._datasets: dict[str, str | None] = {}
         self._exported: dict[tuple, object] = {}
         self._programs: dict[tuple, tuple] = {}
         self._where: dict[str, tuple] = {}
@@ -217,8 +244,9 @@ class Prober:
         if missing:
             with self._lock:
                 rows = self.con.cursor().execute(PARTS, [list(missing)]).fetchall()
-            for mid, arch, zoo, part in rows:
+            for mid, arch, zoo, part, dataset in rows:
                 self._where[mid] = (arch, zoo, part)
+                self._datasets[mid] = dataset
 
     def _source(self, model_id: str) -> tuple:
         """(spec JSON or None, (program JSON, tensors), content key) of ``model_id``'s own architecture
@@ -276,7 +304,11 @@ class Prober:
     def run(self, model_id: str, graph: NeuralGraph, nodes: bool = False) -> Probed:
         """``model_id`` (whose neural graph, possibly prepared, is ``graph``) on the probes."""
         net, spec = self.network(model_id, graph)
-        x = spec.probes(self.n, self.seed)
+        try:
+            x = (spec.probes(self.n, self.seed) if self.inputs == "noise"
+                 else spec.data_probes(self._datasets.get(model_id), self.n, self.seed))
+        except JobError as exc:
+            raise JobError(f"model {model_id} cannot be probed: {exc}") from None
         try:
             with torch.no_grad():
                 if nodes:
@@ -293,7 +325,7 @@ class Prober:
     def _key(self, model_id: str) -> tuple:
         """The process cache's key of ``model_id``'s answers: the program's content, the probes and the
         budget (a prober with a smaller budget refuses what a larger one answered, cache or not)."""
-        return model_id, self._source(model_id)[2], self.n, self.seed, self.memory_budget
+        return model_id, self._source(model_id)[2], self.n, self.seed, self.memory_budget, self.inputs
 
     def outputs(self, model_ids: Sequence[str], progress: Callable[[int], None] | None = None
                 ) -> tuple[list[np.ndarray | None], list[str]]:
@@ -319,10 +351,11 @@ class Prober:
         return [self._outputs.get(m) for m in model_ids], list(reasons)
 
 
-def node_prober(con, n: int, seed: int = PROBE_SEED) -> Callable[[str, NeuralGraph], np.ndarray]:
+def node_prober(con, n: int, seed: int = PROBE_SEED, inputs: str = "noise") -> Callable[[str, NeuralGraph], np.ndarray]:
     """``probe(model_id, graph)``: the (N, 2n) per-node values of ``graph`` (``model_id``'s neural graph as
-    a metanetwork is given it) on ``n`` fixed probes, for a GraphStream's ``probe``."""
-    prober = Prober(con, n, seed)
+    a metanetwork is given it) on ``n`` fixed probes (``inputs``: see the module), for a GraphStream's
+    ``probe``."""
+    prober = Prober(con, n, seed, inputs=inputs)
 
     def probe(model_id: str, graph: NeuralGraph) -> np.ndarray:
         return prober.run(model_id, graph, nodes=True).nodes
@@ -348,5 +381,5 @@ def output_summaries(outputs: np.ndarray) -> np.ndarray:
                      margin, np.linalg.norm(o, axis=1).mean()], np.float64)
 
 
-__all__ = ["DEFAULT_PROBES", "InputSpec", "Probed", "Prober", "input_spec", "node_prober", "node_values", "output_summaries",
+__all__ = ["DEFAULT_PROBES", "PROBE_INPUTS", "InputSpec", "Probed", "Prober", "input_spec", "node_prober", "node_values", "output_summaries",
            "value_bytes"]

@@ -27,7 +27,8 @@ class Entry:
     path: str            # module:class
     summary: str         # one line for --help
     stack: bool = False  # a blend partner: the mean of these (those not collapsed on val) joins a metanetwork's answer
-    reads: str = "weights"   # weights: statistics of the weights | function: what the network computes on probes
+    reads: str = "weights"   # weights: statistics of the weights | function: what the network computes on probes |
+    #                          data: what it computes on unlabelled inputs of its data set (fitted only when asked for)
 
 
 PREDICTORS = {
@@ -41,6 +42,9 @@ PREDICTORS = {
     "probe": Entry("tabular", "jobs.predictors.probe:Probe",
                    "each model's answers on 64 fixed probe inputs (run through its program) into gradient boosting",
                    stack=True, reads="function"),
+    "probe_data": Entry("tabular", "jobs.predictors.probe:ProbeData",
+                        "probe on unlabelled inputs of each model's data set (not data-free; only when asked for)",
+                        reads="data"),
     "flat_mlp": Entry("tabular", "jobs.predictors.tabular:FlatMLP", "an MLP on all weights (one parameter shape only)"),
     "statnn_ridge": Entry("tabular", "jobs.predictors.statnn_ridge:StatNNRidge", "StatNN: weight statistics into ridge regression"),
     "probegen": Entry("function", "jobs.predictors.probegen:ProbeGen",
@@ -78,8 +82,10 @@ def fitted_predictor(name: str, seed: int = 0):
 
 def baseline_names() -> list[str]:
     """What a run fits beside its own predictor: every tabular predictor, and every other blend
-    partner (the probing ones read the models' function, not a feature table)."""
-    return [n for n, e in PREDICTORS.items() if e.family == "tabular" or (e.stack and e.family != "metanetwork")]
+    partner (the probing ones read the models' function, not a feature table); nothing that reads
+    the zoo's data (data-free by default)."""
+    return [n for n, e in PREDICTORS.items()
+            if e.reads != "data" and (e.family == "tabular" or (e.stack and e.family != "metanetwork"))]
 
 
 def answer_name(metanetwork: str) -> str:

@@ -16,6 +16,10 @@ Why: vanilla probing is a strong accuracy predictor on zoos of varied architectu
 Kahana et al., ICLR 2025; an independent baseline on this project's held-out wild CNN zoo was
 0.07 ahead of NG-GNN, issue #54): what a network computes is the signal no statistic of its
 weights sees. Data-free: the probes are noise, not the zoo's data.
+
+``probe_data`` is the same predictor on unlabelled training inputs of each model's data set
+(``Prober(inputs="data")``): never fitted beside a run, only when asked for (``--model
+probe_data``), and its predictions are then not from the network alone.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import numpy as np
 from jobs.analysis.probing import DEFAULT_PROBES, PROBE_SEED, Prober, output_summaries
 from jobs.predictors.tabular import TabularPredictor
 from jobs.training.data import Selection
+from zoocore.errors import JobError
 
 SUMMARIES = 8
 ANSWERED = 16          # probes whose answers are features one by one (all of them feed the summaries)
@@ -35,23 +40,30 @@ class Probe(TabularPredictor):
     """Fixed probes' answers and their summaries into gradient boosting (see the module)."""
     name = "probe"
     probes = DEFAULT_PROBES
+    inputs = "noise"
+
+    def _prober(self, con) -> Prober:
+        s = self.settings
+        return Prober(con, int(s["probes"]), int(s["seed"]), inputs=s.get("inputs", "noise"))
 
     def settle(self, con, sel: Selection) -> dict:
-        outs, _ = Prober(con, self.probes, PROBE_SEED).outputs(sel.ids("train"))
+        outs, reasons = Prober(con, self.probes, PROBE_SEED, inputs=self.inputs).outputs(sel.ids("train"))
         widths = [o.shape[1] for o in outs if o is not None]
-        width = int(np.bincount(widths).argmax()) if widths else 0
-        return {"probes": self.probes, "seed": PROBE_SEED, "width": width}
+        if not widths:
+            raise JobError(f"{self.name}: no training model can be probed ({'; '.join(reasons[:2]) or 'none given'})")
+        width = int(np.bincount(widths).argmax())
+        return {"probes": self.probes, "seed": PROBE_SEED, "width": width, "inputs": self.inputs}
 
     def features(self, con, model_ids: Sequence[str], blocks=None) -> tuple[np.ndarray, np.ndarray]:
         n, width = int(self.settings["probes"]), int(self.settings["width"])
-        outs, self.unreadable = Prober(con, n, int(self.settings["seed"])).outputs(list(model_ids))
+        outs, self.unreadable = self._prober(con).outputs(list(model_ids))
         return self._rows(outs, n, width), np.array([o is not None for o in outs], bool)
 
     def features_of_graphs(self, con, model_ids, graphs) -> np.ndarray:
         """The features of in-memory graphs of ``model_ids`` (e.g. rescaled copies), each run through
         its model's program: a function-preserving copy gets the model's own answers."""
         n, width = int(self.settings["probes"]), int(self.settings["width"])
-        prober = Prober(con, n, int(self.settings["seed"]))
+        prober = self._prober(con)
         return self._rows([prober.run(m, g).outputs for m, g in zip(model_ids, graphs)], n, width)
 
     def _rows(self, outs, n: int, width: int) -> np.ndarray:
@@ -72,7 +84,14 @@ class Probe(TabularPredictor):
         return x
 
     def note(self) -> str:
-        return f"{self.settings.get('probes')} fixed probes; " + super().note()
+        kind = "unlabelled data" if self.settings.get("inputs") == "data" else "fixed"
+        return f"{self.settings.get('probes')} {kind} probes; " + super().note()
 
 
-__all__ = ["Probe"]
+class ProbeData(Probe):
+    """``probe`` on unlabelled training inputs of each model's data set (see the module)."""
+    name = "probe_data"
+    inputs = "data"
+
+
+__all__ = ["Probe", "ProbeData"]

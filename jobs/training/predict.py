@@ -50,7 +50,7 @@ def predict(catalog: Catalog | str, run_id: str, where: str | None = None, devic
         check_probe_graph(sel.etypes)
     stream = GraphStream(con, sel, manifest.stats, raw=bool(model.cfg.probes),
                          prepare=run_preparation(manifest.train),
-                         probe=node_prober(con, model.cfg.fixed_probes) if model.cfg.fixed_probes else None)
+                         probe=node_prober(con, model.cfg.fixed_probes, inputs=model.cfg.probe_inputs) if model.cfg.fixed_probes else None)
     if model.cfg.statistics_dim:
         if manifest.head is None or manifest.head.width != model.cfg.statistics_dim:
             raise JobError(f"run {run_id}: its metanetwork reads statistics its manifest does not describe")

@@ -40,7 +40,7 @@ def score_rescaled(con, models: list[NGGNN], sel: Selection, stats: LayerStats, 
     tag = f"@x{max_scale:g}"
     inputs = prepared_graphs(con, ids, graphs, cfg)      # the same preparation the run trained on
     listed = GraphList(inputs, sel, stats, raw=bool(cfg.probes), model_ids=ids,
-                       probe=node_prober(con, cfg.fixed_probes) if cfg.fixed_probes else None)
+                       probe=node_prober(con, cfg.fixed_probes, inputs=cfg.probe_inputs) if cfg.fixed_probes else None)
     if head is not None:      # the head's statistics of the rescaled copies (jobs.training.head_statistics)
         listed.side = head.of_graphs(con, ids, graphs)
     task = task_named(sel.task)

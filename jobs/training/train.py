@@ -188,7 +188,7 @@ def train_heterognn(catalog: Catalog | str, cfg: TrainConfig, store=None, progre
     trust = TrustProfile.of_catalog(con, sel.ids("train"), symmetry_preparation(cfg))
     if cfg.probes:
         check_probe_graph(sel.etypes)
-    probe = node_prober(con, cfg.fixed_probes) if cfg.fixed_probes else None
+    probe = node_prober(con, cfg.fixed_probes, inputs=cfg.probe_inputs) if cfg.fixed_probes else None
     stream = GraphStream(con, sel, stats, chunk=cfg.chunk, workers=cfg.loader_workers, raw=bool(cfg.probes),
                          prepare=prepare, probe=probe)
     train_stream = stream

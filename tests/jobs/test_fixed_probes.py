@@ -117,3 +117,43 @@ def test_probegen_learns_probes_through_the_programs_and_survives_save(catalog_d
     state, arrays = p.save()
     again = ProbeGen.load(state, arrays)
     np.testing.assert_allclose(again.predict(con, sel.model_ids)[0], fit.predictions, rtol=1e-5, atol=1e-6)
+
+
+def test_data_probes_are_unlabelled_inputs_of_the_models_own_data_set(catalog_dir):
+    """With inputs="data" a CNN of the digits zoo answers on digit images (training inputs, drawn
+    with the seed), not on noise; a data set this project does not hold, or none recorded, is
+    refused by name; the probe_data predictor reads them and is never fitted beside a run."""
+    from jobs.predictors import baseline_names
+    from pipeline.datasets import evaluation_data
+
+    con = duck.connect(catalog_dir)
+    mid = _ids(con, "cnn")[0]
+    model = load_model(con, mid)
+    spec = InputSpec((1, 8, 8), torch.float32)
+    x = spec.data_probes("digits", 6, seed=0)
+    train = evaluation_data("digits", [1, 8, 8])[0]
+    assert all(any(np.array_equal(row, t) for t in train) for row in x.numpy())   # every probe a training image
+    with torch.no_grad():
+        expected = model.module()(x).reshape(6, -1).numpy()
+    outs, reasons = Prober(con, n=6, inputs="data").outputs([mid])
+    np.testing.assert_allclose(outs[0], expected, rtol=1e-4, atol=1e-5)
+    noise, _ = Prober(con, n=6).outputs([mid])
+    assert not np.allclose(noise[0], outs[0]) and reasons == []
+    # the metanetwork's node features (--probe-inputs data): the input node carries each digit's mean intensity
+    nodes = node_prober(con, 6, inputs="data")(mid, model.graph)
+    inputs = np.flatnonzero(model.graph.node_type == 0)
+    mean = x.numpy().reshape(6, -1).mean(1)
+    np.testing.assert_allclose(nodes[inputs][0, 0::2], np.sign(mean) * np.log1p(np.abs(mean)), rtol=1e-4, atol=1e-6)
+    with pytest.raises(JobError, match="not recorded"):
+        spec.data_probes(None, 6)
+    with pytest.raises(JobError, match=r"no inputs of data set 'digits' in the shape \[3, 8, 8\]"):
+        InputSpec((3, 8, 8), torch.float32).data_probes("digits", 6)
+    with pytest.raises(ValueError, match="one of noise, data"):
+        Prober(con, n=6, inputs="mnist")
+    sel = select_models(con, "test_accuracy", "zoo = 'cnn'", catalog=catalog_dir)
+    p = fitted_predictor("probe_data")
+    p.settings = p.settle(con, sel)
+    xs, ok = p.features(con, sel.model_ids)
+    assert p.settings["inputs"] == "data" and ok.all() and np.isfinite(xs[:, :8]).all()
+    assert "unlabelled data probes" in p.note()
+    assert "probe_data" not in baseline_names() and "probe" in baseline_names()
