@@ -51,7 +51,7 @@ from jobs.predictors import PREDICTORS, names
 
 METANETS = tuple(names("metanetwork"))
 FUNCTION = tuple(names("function"))
-TABULAR = tuple(names("tabular"))
+TABULAR = tuple(n for n in names("tabular") if PREDICTORS[n].reads != "data")    # data-free: no probe_data
 # the statistics predictors, and their mean (what a metanetwork's answer is blended with: jobs.predictors.stacking),
 # computed here per fold so that the paired difference is against the strongest statistics
 STATNNS = (*(n for n in TABULAR if PREDICTORS[n].stack and PREDICTORS[n].reads == "weights"), "statnn_avg")
