@@ -219,6 +219,13 @@ _PROGRAMS: "OrderedDict[tuple, object]" = OrderedDict()
 PROGRAM_CACHE = 512
 
 
+def clear_caches() -> None:
+    """Forget every kept answer and checked program of this process (a benchmark's cold start)."""
+    _CACHE.items.clear()
+    _CACHE.used = 0
+    _PROGRAMS.clear()
+
+
 class Prober:
     """Runs catalog models on fixed probes (see the module docstring): ``n`` probes drawn with ``seed``;
     each architecture's program built once per content (and checked); answers cached per model."""
@@ -381,5 +388,5 @@ def output_summaries(outputs: np.ndarray) -> np.ndarray:
                      margin, np.linalg.norm(o, axis=1).mean()], np.float64)
 
 
-__all__ = ["DEFAULT_PROBES", "PROBE_INPUTS", "InputSpec", "Probed", "Prober", "input_spec", "node_prober", "node_values", "output_summaries",
+__all__ = ["DEFAULT_PROBES", "PROBE_INPUTS", "InputSpec", "Probed", "Prober", "clear_caches", "input_spec", "node_prober", "node_values", "output_summaries",
            "value_bytes"]

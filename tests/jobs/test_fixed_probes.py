@@ -88,12 +88,13 @@ def test_probe_predictor_reads_every_architecture(catalog_dir):
     assert ok.all() and x.shape == (len(sel.model_ids), 8 + 2 * 10 + 16 * 10) and np.isfinite(x[:, :8]).all()
 
 
-def test_ngnn_with_fixed_probes_trains_and_predicts_again(catalog_copy):
-    cfg = TrainConfig(where="zoo = 'cnn'", fixed_probes=3, ensemble=1, epochs=2, batch_size=8, hidden=16,
-                      edge_hidden=8, layers=2, baselines=False, head_statistics=False)
+@pytest.mark.parametrize("model", ["ngnn", "ngt"])
+def test_a_metanetwork_with_fixed_probes_trains_and_predicts_again(catalog_copy, model):
+    cfg = TrainConfig(where="zoo = 'cnn'", model=model, fixed_probes=3, ensemble=1, epochs=2, batch_size=8,
+                      hidden=16, edge_hidden=8, layers=2, baselines=False, head_statistics=False)
     report = train_heterognn(catalog_copy, cfg, progress=False)
-    assert np.isfinite(report.metrics["ngnn"]["kendall_tau"])
-    assert predict_again_gap(catalog_copy, report.run_id, "zoo = 'cnn'") < 1e-4
+    assert np.isfinite(report.metrics[model]["kendall_tau"])
+    assert predict_again_gap(catalog_copy, report.run_id, "zoo = 'cnn'", method=model) < 1e-4
 
 
 class _QuickProbeGen(ProbeGen):
