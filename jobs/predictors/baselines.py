@@ -15,6 +15,7 @@ MLP read from the catalog, and how a scikit-learn learner is tuned on validation
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 import numpy as np
@@ -264,11 +265,32 @@ def fit_tuned(x: np.ndarray, y: np.ndarray, train: np.ndarray, val: np.ndarray, 
     grid = grid or (GBT_GRID if learner == "gbt" else MLP_GRID)
     best, best_score = grid[0], -np.inf
     if len(grid) > 1 and val.sum() >= 2:
-        for params in grid:
-            score = _val_score(task, y[val], fit_params(x[train], y[train], task, learner, params, seed).predict(x[val]))
+        for params, score in zip(grid, grid_scores(x, y, train, val, task, learner, grid, seed)):
             if score > best_score:
                 best, best_score = params, score
     return fit_params(x[train], y[train], task, learner, best, seed), columns, best
+
+
+GRID_WORKERS = min(4, os.cpu_count() or 1)     # threads fitting a grid's settings side by side
+
+
+def grid_scores(x, y, train, val, task: str, learner: str, grid: list[dict], seed: int) -> list[float]:
+    """Each setting's validation score, ``GRID_WORKERS`` fits at a time (each fit one-threaded and
+    seeded, so the scores, and the choice, are those of fitting them one after another)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
+
+    fit = fit_params.__wrapped__           # one thread limit around them all: nested limits do not nest across threads
+
+    def score(params: dict) -> float:
+        return _val_score(task, y[val], fit(x[train], y[train], task, learner, params, seed).predict(x[val]))
+
+    with threadpool_limits(limits=1):
+        if GRID_WORKERS < 2:
+            return [score(p) for p in grid]
+        with ThreadPoolExecutor(GRID_WORKERS) as pool:
+            return list(pool.map(score, grid))
 
 
 def single_threaded(fn):

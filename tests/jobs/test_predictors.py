@@ -295,3 +295,25 @@ def test_the_answer_weighs_the_metanetwork_and_every_partner_on_validation():
     test = split == "test"
     task = task_named("regression")
     assert task.score(task.metrics(y[test], stack.predictions[test])) >= task.score(task.metrics(y[test], preds["probegen"][test])) - 0.01
+
+
+def test_a_grid_fitted_side_by_side_scores_and_chooses_as_one_after_another(monkeypatch):
+    """fit_tuned fits a grid's settings in threads: the validation scores, and so the choice, are
+    those of fitting them one at a time, and the process's thread limits are left as they were."""
+    from threadpoolctl import threadpool_info
+
+    from jobs.predictors import baselines
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(60, 12)), rng.uniform(size=60)
+    x[:, 0] += 3 * y                                   # one informative column
+    train, val = np.arange(60) < 40, (np.arange(60) >= 40) & (np.arange(60) < 50)
+    scores, limits = {}, {}
+    for workers in (1, 3):
+        monkeypatch.setattr(baselines, "GRID_WORKERS", workers)
+        scores[workers] = baselines.grid_scores(x, y, train, val, "regression", "gbt", baselines.GBT_GRID, 0)
+        est, _, best = baselines.fit_tuned(x, y, train, val, "regression", "gbt", 0)
+        assert best == baselines.GBT_GRID[int(np.argmax(scores[workers]))]
+        limits[workers] = [(i["filepath"], i["num_threads"]) for i in threadpool_info()]
+    assert scores[1] == scores[3] and len(set(scores[1])) > 1
+    assert limits[1] == limits[3]
