@@ -56,7 +56,8 @@ TABULAR = tuple(n for n in names("tabular") if PREDICTORS[n].reads != "data")   
 # computed here per fold so that the paired difference is against the strongest statistics
 STATNNS = (*(n for n in TABULAR if PREDICTORS[n].stack and PREDICTORS[n].reads == "weights"), "statnn_avg")
 # the strongest single predictor a metanetwork and the answer are measured against: statistics or probing
-SINGLES = (*STATNNS, *(n for n in TABULAR if PREDICTORS[n].reads == "function"))
+# every single predictor a run fits: the statistics, and those reading the function (probe, and probegen: not tabular)
+SINGLES = (*STATNNS, *(n for n in (*TABULAR, *FUNCTION) if PREDICTORS[n].reads == "function"))
 
 
 def shown(levers: dict) -> str:
