@@ -32,6 +32,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _short_probegen():
+    """Every run that fits its baselines trains ProbeGen beside it, for its 30 epochs: on the suite's
+    30-model splits, 4 take the same path (choice on validation, save, load, the blend) at a
+    seventh of the time, as the suite's metanetworks train for 1 or 2 epochs. ProbeGen's own tests
+    set their epochs; the notebooks and real processes keep the default."""
+    from jobs.predictors.probegen import ProbeGen
+
+    default, ProbeGen.epochs = ProbeGen.epochs, 4
+    yield
+    ProbeGen.epochs = default
+
+
 @pytest.fixture(scope="session")
 def cnn_zoo(tmp_path_factory):
     from pipeline.zoo.make import make_zoo
