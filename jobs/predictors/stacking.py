@@ -163,6 +163,13 @@ def fit_line(y: np.ndarray, p: np.ndarray, bounds: tuple[float, float]) -> Line:
     return Line() if fit is None else Line(*fit, *map(float, bounds))
 
 
+def partners_part(partners: list[np.ndarray], shares: list[float] | None) -> np.ndarray:
+    """The partners' predictions averaged: plainly, or weighted by ``shares`` (ensemble selection)."""
+    if shares is None:
+        return np.mean(partners, axis=0)
+    return np.sum([s * np.asarray(p, float) for s, p in zip(shares, partners)], axis=0)
+
+
 def blend(metanet: np.ndarray, statistics: np.ndarray, weight: float) -> np.ndarray:
     return weight * np.asarray(metanet, float) + (1.0 - weight) * np.asarray(statistics, float)
 
@@ -190,33 +197,26 @@ class Stack:
 
     def statistics(self, partners: list[np.ndarray]) -> np.ndarray:
         """The partners' part: their mean, or their mean weighted by ``shares``."""
-        if self.shares is None:
-            return np.mean(partners, axis=0)
-        return np.sum([s * np.asarray(p, float) for s, p in zip(self.shares, partners)], axis=0)
+        return partners_part(partners, self.shares)
 
     @property
     def note(self) -> str:
-        dropped = [c for c in self.candidates if c not in self.partners]
+        prepared = sorted({k for p in self.predictors
+                           for k, v in (getattr(p, "settings", {}).get("prepare") or {}).items() if v})
         if self.shares is not None:
             parts = [f"{self.weight:g} x {self.metanetwork}"] if self.weight else []
             parts += [f"{(1 - self.weight) * s:.2g} x {n}" for n, s in zip(self.partners, self.shares)]
             text = " + ".join(parts) + ", chosen on val by ensemble selection"
-            prepared = sorted({k for p in self.predictors
-                               for k, v in (getattr(p, "settings", {}).get("prepare") or {}).items() if v})
             text += f" (statistics of {', '.join(prepared)} graphs)" if prepared else ""
-            if self.line != Line():
-                sign = "-" if self.line.intercept < 0 else "+"
-                text += f"; recalibrated on val ({self.line.slope:.3g} x {sign} {abs(self.line.intercept):.3g})"
-            return text if self.fallback is None else f"{text}; outside the training models' weight scales: {self.fallback.note}"
-        if self.residual:
-            text = (f"mean({', '.join(self.partners)}) + {self.weight:g} x {self.metanetwork} trained on its "
-                    "residual, w chosen on val")
         else:
-            prepared = sorted({k for p in self.predictors
-                               for k, v in (getattr(p, "settings", {}).get("prepare") or {}).items() if v})
-            text = (f"{self.weight:g} x {self.metanetwork} + {1 - self.weight:g} x mean({', '.join(self.partners)}"
-                    + (f" of {', '.join(prepared)} graphs" if prepared else "") + "), w chosen on val")
-        text += f"; {', '.join(dropped)} left out (collapsed on val)" if dropped else ""
+            if self.residual:
+                text = (f"mean({', '.join(self.partners)}) + {self.weight:g} x {self.metanetwork} trained on its "
+                        "residual, w chosen on val")
+            else:
+                text = (f"{self.weight:g} x {self.metanetwork} + {1 - self.weight:g} x mean({', '.join(self.partners)}"
+                        + (f" of {', '.join(prepared)} graphs" if prepared else "") + "), w chosen on val")
+            dropped = [c for c in self.candidates if c not in self.partners]
+            text += f"; {', '.join(dropped)} left out (collapsed on val)" if dropped else ""
         if self.line != Line():
             sign = "-" if self.line.intercept < 0 else "+"
             text += f"; recalibrated on val ({self.line.slope:.3g} x {sign} {abs(self.line.intercept):.3g})"
@@ -340,8 +340,7 @@ def stack_with_statistics(task: Task, sel, name: str, metanet: np.ndarray, fitte
         total = sum(chosen[n] for n in partners)
         shares = [chosen[n] / total for n in partners]
     parts = [fitted[n][1].predictions for n in partners]
-    statistics = (np.mean(parts, axis=0) if shares is None
-                  else np.sum([s * p for s, p in zip(shares, parts)], axis=0))
+    statistics = partners_part(parts, shares)
     full = statistics + metanet if residual else metanet
     if shares is None:
         weight = choose_weight(task, sel.targets[val], full[val], statistics[val])
